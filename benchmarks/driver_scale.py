@@ -7,8 +7,10 @@ state machine (``driver/job/elastic_job.py:ElasticJob``); simulated workers walk
 same calls the control-plane handlers make (register, rendezvous, assignment,
 heartbeat). Measured:
 
-1. one rendezvous round of 64, 256, 1,024 and 8,000 workers: every member
-   arrives, the round forms, every member collects its assignment;
+1. one rendezvous round of 64, 256, 1,024 and 8,000 workers (8 a host), and of
+   8,192 and 16,384 one-slot hosts: every member arrives, the round forms, every
+   member collects its assignment, encoded and signed as the control plane sends
+   it (``Codec.encode``); the largest reply's size too (``--only-rounds``: only this);
 2. at steady state with 1,024 and 8,000 running workers: one discovery +
    planning cycle (``discovered`` + ``tick``), the first one (which plans every
    launch), and one loop tick alone (the driver ticks every 50 ms);
@@ -55,7 +57,7 @@ from common import REPO, command, stamp, where
 
 sys.path.insert(0, str(REPO))
 from cloud_elastic.config import JobConfig  # noqa: E402
-from cloud_elastic.control import Codec, new_secret  # noqa: E402
+from cloud_elastic.control import MAX_BODY, Codec, new_secret  # noqa: E402
 from cloud_elastic.driver.job.hosts import Blacklist, HostManager  # noqa: E402
 from cloud_elastic.driver.job.elastic_job import Assignment, ElasticJob, Launch, Policy  # noqa: E402
 from cloud_elastic.driver.net.control_server import ControlServer  # noqa: E402
@@ -66,8 +68,8 @@ from cloud_elastic.worker.link.client import DriverClient  # noqa: E402
 SLOTS = 8
 
 
-def snapshot(hosts: int) -> DiscoveredHosts:
-    return DiscoveredHosts(ready={f"10.{i // 250}.{i % 250}.7": SLOTS for i in range(hosts)})
+def snapshot(hosts: int, slots: int = SLOTS) -> DiscoveredHosts:
+    return DiscoveredHosts(ready={f"10.{i // 250}.{i % 250}.7": slots for i in range(hosts)})
 
 
 def profiled(fn, profile: bool, label: str):
@@ -81,28 +83,34 @@ def profiled(fn, profile: bool, label: str):
     return out
 
 
-def running_job(hosts: int) -> tuple[ElasticJob, list[str], float, float]:
-    """A job of hosts x 8 workers, all in round 1. Returns it, the worker ids, and the
-    seconds of the first discovery cycle and of the first round's formation."""
-    n = hosts * SLOTS
+def running_job(hosts: int, slots: int = SLOTS) -> tuple[ElasticJob, list[str], float, float, int]:
+    """A job of hosts x ``slots`` workers, all in round 1. Returns it, the worker ids, the seconds of the
+    first discovery cycle and of the first round (its formation, and every assignment encoded and signed
+    as the control plane sends it), and the bytes of the largest assignment sent."""
+    n = hosts * slots
     job = ElasticJob(Policy(n, 1, n), HostManager(Blacklist((10, 300), random.Random(0))), job_id="scale")
+    codec = Codec(new_secret(), "scale")
     now = 1000.0
     job.start(now)
-    snap = snapshot(hosts)
+    snap = snapshot(hosts, slots)
     t = time.perf_counter()
     job.discovered(snap, now)
     first_cycle = time.perf_counter() - t
     ids = [a.worker_id for a in job.take_actions() if isinstance(a, Launch)]
     assert len(ids) == n, f"{len(ids)} launches for {n} slots"
-    t = time.perf_counter()
+    t = time.process_time()  # this process's CPU (one thread): what a loaded machine does not inflate
     for w in ids:
         job.registered(w, now)
         job.rendezvous(w, 0, "start", now)
-    replies = [job.assignment(w) for w in ids]
-    round_s = time.perf_counter() - t
-    assert all(isinstance(r, Assignment) for r in replies), f"the first round did not form: {replies[:2]}"
+    largest = 0
+    for w in ids:
+        reply = job.assignment(w)
+        assert isinstance(reply, Assignment), f"the first round did not form: {reply}"
+        body, _ = codec.encode("rendezvous", dict(reply.to_wire(), re="0" * 24, to=w), limit=MAX_BODY)
+        largest = max(largest, len(body))
+    round_s = time.process_time() - t
     job.take_events()
-    return job, ids, first_cycle, round_s
+    return job, ids, first_cycle, round_s, largest
 
 
 def cycle_cost(job: ElasticJob, hosts: int, ids: list[str], repeats: int = 20) -> float:
@@ -391,6 +399,9 @@ def main() -> None:
 
     p = argparse.ArgumentParser()
     p.add_argument("--rounds", type=int, nargs="+", default=[64, 256, 1024, 8000])
+    p.add_argument("--one-slot-rounds", type=int, nargs="*", default=[8192, 16384],
+                   help="rendezvous rounds of this many one-slot hosts")
+    p.add_argument("--only-rounds", action="store_true", help="measure the rendezvous rounds only (docs untouched)")
     p.add_argument("--steady", type=int, nargs="+", default=[1024, 8000],
                    help="worker counts whose steady-state discovery cycle and tick are measured")
     p.add_argument("--live", type=int, nargs="+", default=[2048, 8000],
@@ -401,17 +412,24 @@ def main() -> None:
     args = p.parse_args()
     if args.quick:  # no 8,000: the figures at 8,000 are then estimated from 1,024
         args.rounds, args.steady, args.live, args.live_seconds = [64, 256, 1024], [1024], [2048], 3.0
-    res: dict = {"slots_per_host": SLOTS, "rounds": {}, "steady": {}, "live": {}}
-    for n in args.rounds:
-        _, _, _, round_s = profiled(lambda: running_job(n // SLOTS), args.profile and n == 1024, f"round of {n}")
-        res["rounds"][n] = round_s
-        print(f"rendezvous round of {n}: {round_s * 1000:.1f} ms of driver CPU", flush=True)
+        args.one_slot_rounds = []
+    res: dict = {"slots_per_host": SLOTS, "rounds": {}, "one_slot_rounds": {}, "reply_bytes": {}, "steady": {},
+                 "live": {}}
+    for slots, counts, key in ((SLOTS, args.rounds, "rounds"), (1, args.one_slot_rounds, "one_slot_rounds")):
+        for n in counts:
+            _, _, _, round_s, largest = profiled(lambda: running_job(n // slots, slots),
+                                                 args.profile and n == 1024 and slots > 1, f"round of {n}")
+            res[key][n], res["reply_bytes"][f"{n}x{slots}"] = round_s, largest
+            print(f"rendezvous round of {n} workers, {slots} a host: {round_s * 1000:.1f} ms of driver CPU; largest "
+                  f"assignment {largest:,} bytes", flush=True)
+    if args.only_rounds:
+        return
     config = JobConfig(command=("true",), num_proc=1, min_np=1, max_np=1)
     interval, timeout = config.heartbeat_interval_s, config.heartbeat_timeout_s
     res["heartbeat_interval_s"], res["heartbeat_timeout_s"] = interval, timeout
     job = ids = None
     for n in args.steady:
-        job, ids, first_cycle, round_s = running_job(n // SLOTS)
+        job, ids, first_cycle, round_s, _ = running_job(n // SLOTS)
         cycle = profiled(lambda: cycle_cost(job, n // SLOTS, ids), args.profile, f"steady cycle at {n}")
         res["steady"][n] = {"first_cycle_s": first_cycle, "round_s": round_s, "cycle_s": cycle,
                             "tick_s": tick_cost(job, ids), "heartbeat_core_s": heartbeat_core_cost(job, ids)}
@@ -461,8 +479,14 @@ GLANCE_ROUND = "Rendezvous round of 1,024 workers ≤ 2 s"
 def table(res: dict) -> str:
     ms = lambda s: f"{s * 1000:.1f} ms"  # noqa: E731
     lines = ["| measurement | result |", "|---|---|",
-             "| rendezvous round (all arrive, the round forms, all collect their assignment), driver CPU | "
-             + ", ".join(f"{int(n):,}: {ms(t)}" for n, t in res["rounds"].items()) + " |"]
+             "| rendezvous round (all arrive, the round forms, all collect their assignment, encoded and signed), "
+             "driver CPU | " + ", ".join(f"{int(n):,}: {ms(t)}" for n, t in res["rounds"].items()) + " |"]
+    if res.get("one_slot_rounds"):
+        lines.append("| the same, one slot a host | " + ", ".join(
+            f"{int(n):,} hosts: {ms(t)}" for n, t in res["one_slot_rounds"].items()) + " |")
+    if res.get("reply_bytes"):
+        lines.append("| the largest assignment sent (bytes, signed JSON) | " + ", ".join(
+            f"{key.replace('x', ' workers, ')} a host: {size:,}" for key, size in res["reply_bytes"].items()) + " |")
     for n, st in res["steady"].items():
         lines.append(f"| at {int(n):,} running workers: discovery + planning cycle, loop tick, first cycle (plans "
                      f"every launch) | {ms(st['cycle_s'])}, {ms(st['tick_s'])}, {ms(st['first_cycle_s'])} |")

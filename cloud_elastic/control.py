@@ -43,10 +43,10 @@ PROTOCOL_VERSION = 1
 #: The most bytes of a request to the driver (a worker's, or ``cloud-elastic status``'s): the driver reads no more
 #: of one, signed or not (a stranger's body waits in its memory until it is whole), and a worker's largest is a few KiB.
 MAX_REQUEST = 64 * 1024
-#: The most bytes of any message, the driver's replies included. A rendezvous assignment, and a heartbeat's plan of
-#: the next round, list every host of the round: at most ``providers.api.MAX_HOSTS`` (16,384) names of at most 255
-#: characters (``protocol``), 4.2 MB as JSON. Four times that leaves room for the rest of the reply and for names
-#: JSON escapes; a reply past it is answered 500 (``driver.net.control_server``), never sent.
+#: The most bytes of any message, the driver's replies included; a reply past it is answered 500
+#: (``driver.net.control_server``), never sent. No reply grows with the job's size any more: an assignment and a
+#: heartbeat's plan of the next round name no other member (``protocol.Assignment``), and a status reply caps its rows;
+#: the bound is a bound, not what a job needs.
 MAX_BODY = 16 * 1024 * 1024
 SIGNATURE_HEADER = "X-Cloud-Elastic-Signature"
 #: Workers run on other VMs; their clocks are NTP-synchronised but not perfectly.

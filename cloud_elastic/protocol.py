@@ -32,6 +32,7 @@ Topology numbers (:class:`RankInfo`), as this project defines them:
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Mapping
 
@@ -92,7 +93,8 @@ class RankInfo:
 
 @dataclass(frozen=True)
 class Assignment:
-    """Rendezvous reply: the worker's place in a formed round."""
+    """Rendezvous reply: the worker's place in a formed round. It names no other member, so its size does not grow with
+    the round's (the group's store tells the peers: ``worker.rounds.peers``); an older driver's ``hosts`` is ignored."""
 
     round: int
     ranks: RankInfo
@@ -100,8 +102,6 @@ class Assignment:
     update_gen: int
     #: No worker of the round holds the committed state: rank 0 loads the latest durable checkpoint.
     from_checkpoint: bool = False
-    #: The hosts of the round's members (each once): the only peers of its process group.
-    hosts: tuple[str, ...] = ()
     #: The round is the planned one of this number (:class:`NextRound`): every member formed its group in the
     #: background, and switches to it instead of forming one (0: form the group now, as usual).
     planned: int = 0
@@ -109,30 +109,36 @@ class Assignment:
     def to_wire(self) -> dict[str, Any]:
         return dict(asdict(self.ranks), status="assigned", round=self.round,
                     needs_sync=self.needs_sync, update_gen=self.update_gen, from_checkpoint=self.from_checkpoint,
-                    hosts=list(self.hosts), planned=self.planned)
+                    planned=self.planned)
 
     @classmethod
     def from_wire(cls, msg: Mapping[str, Any]) -> "Assignment":
         what = "rendezvous assignment"
-        ranks, hosts = _ranks_and_hosts(msg, what)
-        return cls(_int(msg, "round", what), ranks, _bool(msg, "needs_sync", what), _int(msg, "update_gen", what),
-                   bool(msg.get("from_checkpoint", False)), hosts, _optional_int(msg, "planned", what))
+        return cls(_int(msg, "round", what), _ranks(msg, what), _bool(msg, "needs_sync", what),
+                   _int(msg, "update_gen", what), bool(msg.get("from_checkpoint", False)),
+                   _optional_int(msg, "planned", what))
 
 
-def _ranks_and_hosts(msg: Mapping[str, Any], what: str) -> tuple[RankInfo, tuple[str, ...]]:
-    """A message's ranks (each in range) and the round's host names (at most one a rank)."""
+def _ranks(msg: Mapping[str, Any], what: str) -> RankInfo:
+    """A message's ranks, each in range."""
     ranks = RankInfo(**{f.name: _int(msg, f.name, what) for f in fields(RankInfo)})
     if ranks.rank >= ranks.size or ranks.local_rank >= ranks.local_size or ranks.cross_rank >= ranks.cross_size:
         raise ControlPlaneError(f"malformed {what}: ranks out of range: {ranks}")
-    return ranks, _host_names(msg, "hosts", ranks.size, what)
+    return ranks
 
 
-def _host_names(msg: Mapping[str, Any], name: str, limit: int, what: str) -> tuple[str, ...]:
-    """``msg[name]``: a list of at most ``limit`` host names, each at most 255 characters (none when absent)."""
-    hosts = msg.get(name) or []
-    if not isinstance(hosts, list) or len(hosts) > limit or not all(isinstance(h, str) and 0 < len(h) <= 255 for h in hosts):
-        raise ControlPlaneError(f"malformed {what}: {name!r} must be a list of at most {limit} host names")
-    return tuple(hosts)
+MAX_ADDRESSES = 16  # the most IP addresses in each address list of a rendezvous request
+
+
+def _addresses(msg: Mapping[str, Any], name: str, what: str) -> tuple[str, ...]:
+    """``msg[name]``: at most :data:`MAX_ADDRESSES` IP addresses, in their canonical text (none when absent)."""
+    raw = msg.get(name) or []
+    if isinstance(raw, list) and len(raw) <= MAX_ADDRESSES and all(isinstance(a, str) for a in raw):
+        try:
+            return tuple(dict.fromkeys(str(ipaddress.ip_address(a)) for a in raw))
+        except ValueError:
+            pass
+    raise ControlPlaneError(f"malformed {what}: {name!r} must be a list of at most {MAX_ADDRESSES} IP addresses")
 
 
 @dataclass(frozen=True)
@@ -142,24 +148,22 @@ class NextRound:
     ``plan`` numbers the plans of this driver (a dropped plan is never offered again); each member
     forms the plan's process group in the background, on the round's namespace with the suffix
     ``-p<plan>``, and says so (kind ``next_round``). The plan is a proposal: only an
-    :class:`Assignment` whose ``planned`` is ``plan`` makes it the round.
+    :class:`Assignment` whose ``planned`` is ``plan`` makes it the round (it names no other member either).
     """
 
     plan: int
     round: int
     ranks: RankInfo
-    hosts: tuple[str, ...] = ()
 
     def to_wire(self) -> dict[str, Any]:
-        return dict(asdict(self.ranks), plan=self.plan, round=self.round, hosts=list(self.hosts))
+        return dict(asdict(self.ranks), plan=self.plan, round=self.round)
 
     @classmethod
     def from_wire(cls, msg: Any) -> "NextRound | None":
         if not isinstance(msg, Mapping):
             return None
         what = "next round"
-        ranks, hosts = _ranks_and_hosts(msg, what)
-        return cls(_int(msg, "plan", what), _int(msg, "round", what), ranks, hosts)
+        return cls(_int(msg, "plan", what), _int(msg, "round", what), _ranks(msg, what))
 
 
 @dataclass(frozen=True)
@@ -246,8 +250,9 @@ class RendezvousRequest:
     ``commit_seq`` the position, in the job's history of commits, of the state it would restore (see
     ``WorkerContext.commit_seq``): the driver makes the holder of the newest commit rank 0. ``holds_commit``
     is False when its live state is not that commit and nothing it kept can restore it (a failure after an
-    in-place update, see ``worker.ledger``): the driver must not take the state from it. ``unreachable``:
-    the hosts of its last round its group could not connect to (at most 16; see ``driver.job.partitions``).
+    in-place update, see ``worker.ledger``): the driver must not take the state from it. ``unreachable``: the IP
+    addresses its last round's group still tried to reach when it gave the formation up; ``addresses``: its own host's,
+    which its peers reach it at; the driver names the hosts behind the first by the second (``driver.job.partitions``).
     ``trained``: the fingerprint of that commit's state ("": none; see ``driver.job.repeats.Trained``).
     """
 
@@ -259,11 +264,12 @@ class RendezvousRequest:
     holds_commit: bool = True
     unreachable: tuple[str, ...] = ()
     trained: str = ""
+    addresses: tuple[str, ...] = ()
 
     def to_wire(self) -> dict[str, Any]:
         return {"last_round": self.last_round, "reason": self.reason, "commits": self.commits, "rolled_back": self.rolled_back,
-                "commit_seq": self.commit_seq, "holds_commit": self.holds_commit, "unreachable": list(self.unreachable[:16]),
-                "trained": self.trained}
+                "commit_seq": self.commit_seq, "holds_commit": self.holds_commit, "trained": self.trained, "unreachable":
+                list(self.unreachable[:MAX_ADDRESSES]), "addresses": list(self.addresses[:MAX_ADDRESSES])}
 
     @classmethod
     def from_wire(cls, msg: Mapping[str, Any]) -> "RendezvousRequest":
@@ -273,8 +279,8 @@ class RendezvousRequest:
         what = "rendezvous request"
         holds = True if msg.get("holds_commit") is None else _bool(msg, "holds_commit", what)  # older workers: True
         return cls(_int(msg, "last_round", what), reason, _optional_int(msg, "commits", what), _optional_int(
-            msg, "rolled_back", what), _optional_int(msg, "commit_seq", what), holds, _host_names(msg, "unreachable", 16, what),
-                   fingerprint_field(msg, what))
+            msg, "rolled_back", what), _optional_int(msg, "commit_seq", what), holds, _addresses(msg, "unreachable", what),
+                   fingerprint_field(msg, what), _addresses(msg, "addresses", what))
 
 
 @dataclass(frozen=True)

@@ -71,6 +71,7 @@ from cloud_elastic.worker.ledger import CommitLedger, CommitWindow
 from cloud_elastic.worker.link.driver_link import DriverLinkMixin, _survive_output_loss
 from cloud_elastic.worker.link.progress import Progress
 from cloud_elastic.worker.rounds.next_group import NextGroupMixin
+from cloud_elastic.worker.rounds.peers import own_addresses
 from cloud_elastic.worker.rounds.reclaim import Reaper
 from cloud_elastic.worker.settings import SECRET_ENV, WorkerSettings
 from cloud_elastic.worker.steps import count_steps
@@ -154,7 +155,7 @@ class WorkerContext(NextGroupMixin, DriverLinkMixin, RoundGroupsMixin, ExitingMi
         self._adopt_lock = threading.Lock()
         #: The store client lost its server with the old driver: reconnect before the next round forms.
         self._store_stale = False
-        #: The hosts of the round whose group this worker could not form that it never connected to (see groups).
+        #: The addresses the group this worker could not form still tried to reach (see groups, peers).
         self.unreachable: tuple[str, ...] = ()
         #: ``hvd.elastic.run`` was entered in this process. A script that ends without it is a fixed-size script,
         #: and says so at exit (:meth:`_report_script_end`); inside it, each round this worker forms is marked
@@ -327,7 +328,7 @@ class WorkerContext(NextGroupMixin, DriverLinkMixin, RoundGroupsMixin, ExitingMi
         ledger = self.ledger
         request = RendezvousRequest(last_round, reason, ledger.commits, ledger.rolled_back, ledger.commit_seq,
                                     ledger.holds_commit, self.unreachable if reason == "failure" else (),
-                                    ledger.trained).to_wire()
+                                    ledger.trained, own_addresses(self.hostname)).to_wire()
         self.unreachable = ()
         while True:
             reply = parse_rendezvous_reply(self._call("rendezvous", request, timeout_s=60.0))
@@ -342,7 +343,7 @@ class WorkerContext(NextGroupMixin, DriverLinkMixin, RoundGroupsMixin, ExitingMi
                 except OSError as exc:  # the driver went again: the next call rides it out like any other
                     log.warning("worker %s: re-registering failed (%s); retrying", self.worker_id, exc)
         info = RoundInfo(**vars(reply.ranks), round=reply.round, needs_sync=reply.needs_sync, update_gen=reply.update_gen,
-                         from_checkpoint=reply.from_checkpoint, hosts=reply.hosts, planned=reply.planned)
+                         from_checkpoint=reply.from_checkpoint, planned=reply.planned)
         ledger.rolled_back = 0
         if self.backend == "nccl" and info.local_rank != self.settings.slot:
             # The GPU is the slot; a driver that disagrees would move this worker's group off its model.

@@ -34,7 +34,7 @@ def main(port: int, round_: int) -> None:
         malloc_tuning=False,
     ))
     ctx._store = dist.TCPStore("127.0.0.1", port, None, False, timeout=timedelta(seconds=30))
-    ctx._form_group(RoundInfo(1, 2, 0, 1, 1, 2, round=round_, needs_sync=False, update_gen=0, hosts=("127.0.0.1",)))
+    ctx._form_group(RoundInfo(1, 2, 0, 1, 1, 2, round=round_, needs_sync=False, update_gen=0))
 
 
 if __name__ == "__main__":

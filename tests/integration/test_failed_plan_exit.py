@@ -53,7 +53,7 @@ def worker(port, rank, form_s):
     return ctx
 
 def plan(ctx, rank):
-    return ctx._start_next(NextRound(1, 2, RankInfo(rank, 2, 0, 1, rank, 2), ("127.0.0.1",)))
+    return ctx._start_next(NextRound(1, 2, RankInfo(rank, 2, 0, 1, rank, 2)))
 
 if role == "A":
     import atexit

@@ -65,8 +65,7 @@ def test_a_lone_survivors_groups_left_by_failure_are_destroyed_not_kept():
     seen = []
     for round_ in range(1, LONE_ROUNDS + 1):
         ctx._last_reason = "failure"  # it left its previous round by failure: that group is retired
-        ctx._form_group(RoundInfo(0, 1, 0, 1, 0, 1, round=round_, needs_sync=False, update_gen=0,
-                                  hosts=("127.0.0.1",)))
+        ctx._form_group(RoundInfo(0, 1, 0, 1, 0, 1, round=round_, needs_sync=False, update_gen=0))
         ctx.wait(ctx.pg.allreduce([torch.ones(4)]), "allreduce alone")
         deadline = time.monotonic() + 30  # the reaper works off this thread: wait for it (bounded)
         while ctx.reclaimed_groups + ctx.leaked_groups < round_ - 1 and time.monotonic() < deadline:
@@ -97,8 +96,7 @@ def test_a_formation_given_up_on_a_peer_that_never_wrote_its_address_ends_and_fr
     timer = threading.Timer(0.5, lambda: setattr(ctx, "_seen_abort", 1))  # the driver's abort, by heartbeat
     timer.start()
     with pytest.raises(CollectiveError, match="aborted while forming"):
-        ctx._form_group(RoundInfo(0, 2, 0, 1, 0, 2, round=1, needs_sync=False, update_gen=0,
-                                  hosts=("127.0.0.1", "127.0.0.2")))
+        ctx._form_group(RoundInfo(0, 2, 0, 1, 0, 2, round=1, needs_sync=False, update_gen=0))
     timer.join()
     for former in ctx._formations:
         former.join(60)  # far below the 300 s the constructor would otherwise wait
@@ -136,8 +134,7 @@ def test_a_formation_given_up_on_a_peer_stopped_while_connecting_ends_within_a_f
                                  str(round_)], cwd=REPO, stdout=subprocess.PIPE, text=True)
         try:
             try:
-                ctx._form_group(RoundInfo(0, 2, 0, 1, 0, 2, round=round_, needs_sync=False, update_gen=0,
-                                          hosts=("127.0.0.1",)))
+                ctx._form_group(RoundInfo(0, 2, 0, 1, 0, 2, round=round_, needs_sync=False, update_gen=0))
             except CollectiveError as exc:
                 assert "did not form within 2 s" in str(exc), exc
                 assert peer.stdout is not None and peer.stdout.readline().strip() == "stopping"  # mid-formation

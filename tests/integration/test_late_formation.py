@@ -149,8 +149,7 @@ def _plan_dropped_while_forming(b_form_s: float = 20.0):
         return group
 
     a._new_group = slow
-    hosts = ("127.0.0.1",)
-    pendings = [ctx._start_next(NextRound(1, 2, RankInfo(rank, 2, 0, 1, rank, 2), hosts))
+    pendings = [ctx._start_next(NextRound(1, 2, RankInfo(rank, 2, 0, 1, rank, 2)))
                 for rank, ctx in ((0, a), (1, b))]
     for _ in (a, b):  # the drop comes while the plan still forms (rank 0's side returns only once ``late`` is set)
         assert constructed.acquire(timeout=20), f"the plan's group did not form on both sides: {len(plans)} of 2"
@@ -248,7 +247,7 @@ def test_a_failed_plans_group_whose_connections_are_all_the_rounds_is_destroyed_
         group = new_a(store, info, publish)
         if info.round == 1:  # the plan (round 2) forms while round 1 still forms on rank 0
             for rank, ctx in ((0, a), (1, b)):
-                pendings.append(ctx._start_next(NextRound(1, 2, RankInfo(rank, 2, 0, 1, rank, 2), ("127.0.0.1",))))
+                pendings.append(ctx._start_next(NextRound(1, 2, RankInfo(rank, 2, 0, 1, rank, 2))))
             plan_formed.wait(20)
         else:
             plan_formed.set()

@@ -73,11 +73,11 @@ def _heartbeat(ctx: WorkerContext, driver: _Driver, until) -> None:
 
 
 def test_a_worker_whose_adopt_reply_was_lost_trains_on_in_its_round_and_forms_the_new_drivers_plan() -> None:
-    info = RoundInfo(1, 3, 0, 1, 1, 3, round=2, needs_sync=True, update_gen=1, hosts=("h",), planned=1)
+    info = RoundInfo(1, 3, 0, 1, 1, 3, round=2, needs_sync=True, update_gen=1, planned=1)
     ctx = _context(info, was_member=True, seen_round=2)  # in round 2, formed from the dead driver's plan 1
     started: list[int] = []
     ctx._start_next = lambda offer, **kw: started.append(offer.plan)
-    driver = _Driver(["lost"], NextRound(1, 3, RankInfo(1, 4, 0, 1, 1, 4), ("h", "h2")))
+    driver = _Driver(["lost"], NextRound(1, 3, RankInfo(1, 4, 0, 1, 1, 4)))
     _heartbeat(ctx, driver, lambda: started)
 
     assert [r.round for r in driver.requests] == [2]  # adopted once, in its round
@@ -88,7 +88,7 @@ def test_a_worker_whose_adopt_reply_was_lost_trains_on_in_its_round_and_forms_th
 
 def test_an_adopt_sent_again_tells_what_the_first_told() -> None:
     # A newcomer in the dead driver's plan 1 for round 2, which that driver never formed: adopted as a newcomer.
-    info = RoundInfo(1, 3, 0, 1, 1, 3, round=2, needs_sync=True, update_gen=1, hosts=("h",), planned=1)
+    info = RoundInfo(1, 3, 0, 1, 1, 3, round=2, needs_sync=True, update_gen=1, planned=1)
     ctx = _context(info, was_member=False, seen_round=1)
     driver = _Driver(["refused"])
     _heartbeat(ctx, driver, lambda: driver.polls > 0)

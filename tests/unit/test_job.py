@@ -120,9 +120,15 @@ class Sim:
             w = self.job.workers[wid]
             if not w.registered:
                 assert self.job.registered(wid, self.now)
-            self.job.rendezvous(wid, w.round, reason, self.now, self.commits.get(wid))
+            self.job.rendezvous(wid, w.round, reason, self.now, self.commits.get(wid),
+                                addresses=(self.address(w.slot.host),))
         self._collect()
         return {slot: self.reply(slot) for slot in slots}
+
+    def address(self, host: str) -> str:
+        """The IP address of ``host``, which its workers give at rendezvous as a real worker does (one of 10.77/16)."""
+        known = self.__dict__.setdefault("_addresses", {})
+        return known.setdefault(host, f"10.77.{len(known) // 250}.{len(known) % 250 + 1}")
 
     def commit(self, *slots: str, count: int | None = None) -> None:
         """These workers have committed (``count`` times in all; default one more), as their heartbeats will say."""

@@ -18,7 +18,7 @@ def test_the_member_whose_failure_aborts_the_round_is_named_once(caplog) -> None
     sim = started(3, {"a": 1, "b": 1, "c": 1}, min_np=2)
     caplog.set_level(logging.INFO, logger="cloud_elastic.driver.job.elastic_job")
     wid = sim.id("b[0]")
-    sim.job.rendezvous(wid, 1, "failure", sim.now, unreachable=("c",))
+    sim.job.rendezvous(wid, 1, "failure", sim.now, unreachable=(sim.address("c"), "192.0.2.9"))  # and a stranger
     sim.join("a[0]", reason="failure")  # a peer freed by the abort: not the cause, not named
     lines = [r.getMessage() for r in caplog.records]
     named = [line for line in lines if "first reported by" in line]

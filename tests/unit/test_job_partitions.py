@@ -4,7 +4,8 @@ Every member of a round comes back with reason ``failure`` at the formation dead
 nobody committed: after two such rounds in a row with members naming the peers they could not reach,
 the side without rank 0 is excluded; without that evidence (or with too few workers left) the job ends
 after three that lasted the elastic timeout, with one line naming the hosts (see
-cloud_elastic.driver.job.partitions).
+cloud_elastic.driver.job.partitions). Members name the addresses they could not reach, and the driver names
+their hosts by the addresses each worker gives for its own host: no assignment lists the round's hosts.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from cloud_elastic.driver.job.partitions import (
 )
 from cloud_elastic.errors import ControlPlaneError
 from cloud_elastic.protocol import RendezvousRequest
-from cloud_elastic.worker.rounds.reclaim import unreached_hosts
+from cloud_elastic.worker.rounds.peers import Peers
 from tests.unit.test_job import Sim, failed, started
 
 pytestmark = pytest.mark.timeout(10)
@@ -31,14 +32,17 @@ SHORT = {"elastic_timeout_s": 2 * FORM_DEADLINE_S}
 
 
 def formation_fails(sim: Sim, named: dict[str, tuple[str, ...]] | None = None) -> None:
-    """The round's group does not form: at the deadline every member comes back with reason failure,
-    ``named[slot]`` being the hosts that member was still trying to reach."""
+    """The round's group does not form: at the deadline every member comes back with reason failure, its request
+    (through the wire) saying the addresses of the hosts ``named[slot]`` it was still trying to reach, and its own."""
     sim.advance(FORM_DEADLINE_S)
     members = [str(w.slot) for w in sim.job.workers.values() if w.alive and w.round == sim.job.round and w.rank is not None]
     for slot in members:
         w = sim.job.workers[sim.id(slot)]
+        request = RendezvousRequest.from_wire(RendezvousRequest(
+            w.round, "failure", sim.commits.get(w.worker_id, 0), addresses=(sim.address(w.slot.host),),
+            unreachable=tuple(sim.address(h) for h in (named or {}).get(slot, ()))).to_wire())
         sim.job.rendezvous(w.worker_id, w.round, "failure", sim.now, sim.commits.get(w.worker_id),
-                           unreachable=(named or {}).get(slot, ()))
+                           unreachable=request.unreachable, addresses=request.addresses)
     sim._collect()
     sim.advance(backoff_s(sim.job.rounds.partitions.streak))  # the next round forms once the back-off is over
 
@@ -197,17 +201,29 @@ def test_hosts_to_exclude_keep_rank_0_and_cut_every_unreachable_pair(edges, keep
     assert hosts_to_exclude(edges, keep, "abcd".index) == gone
 
 
-def test_the_rendezvous_request_carries_the_unreachable_hosts_within_bounds() -> None:
-    request = RendezvousRequest(3, "failure", unreachable=("10.0.0.2", "b"))
-    assert RendezvousRequest.from_wire(request.to_wire()).unreachable == ("10.0.0.2", "b")
-    older = {k: v for k, v in request.to_wire().items() if k != "unreachable"}
-    assert RendezvousRequest.from_wire(older).unreachable == ()
-    for bad in (["h"] * 17, [3], [""], ["x" * 256], "a,b"):
-        with pytest.raises(ControlPlaneError, match="unreachable"):
-            RendezvousRequest.from_wire({**request.to_wire(), "unreachable": bad})
+def test_the_rendezvous_request_carries_unreachable_and_own_addresses_within_bounds() -> None:
+    request = RendezvousRequest(3, "failure", unreachable=("10.0.0.2", "fd00::0:7"), addresses=("10.0.0.1",))
+    parsed = RendezvousRequest.from_wire(request.to_wire())
+    assert parsed.unreachable == ("10.0.0.2", "fd00::7") and parsed.addresses == ("10.0.0.1",)
+    older = {k: v for k, v in request.to_wire().items() if k not in ("unreachable", "addresses")}
+    assert RendezvousRequest.from_wire(older).unreachable == () == RendezvousRequest.from_wire(older).addresses
+    for field in ("unreachable", "addresses"):
+        for bad in ([f"10.0.0.{i}" for i in range(17)], [3], [""], ["b"], ["10.0.0.256"], ["x" * 256], "10.0.0.2"):
+            with pytest.raises(ControlPlaneError, match=f"'{field}' must be a list of at most 16 IP addresses"):
+                RendezvousRequest.from_wire({**request.to_wire(), field: bad})
 
 
-def test_a_worker_names_the_peer_host_its_connection_is_unanswered_by() -> None:
+def test_a_partition_is_named_by_host_from_the_addresses_the_members_report() -> None:
+    """A member names addresses (its group's peers), not hosts: the driver names the hosts, from the addresses
+    each worker gave for its own host. An address no member gave (another thread's connection) names nobody."""
+    sim = started(3, {"a": 1, "b": 1, "c": 1}, **SHORT)  # --min-np 3: no side may go
+    for _ in range(FAILED_FORMATIONS_LIMIT):
+        formation_fails(sim, {"a[0]": ("stranger",), "b[0]": ("c",)})
+    failed(sim, "hosts a, b, c", "members reported b cannot reach c, and excluding a side would leave fewer")
+    assert "stranger" not in sim.outcome.reason and "10.77." not in sim.outcome.reason
+
+
+def test_a_worker_names_the_peer_address_its_connection_is_unanswered_by() -> None:
     # A listener whose accept queue is full drops new SYNs, as a firewall dropping packets does.
     listener = socket.socket()
     listener.bind(("127.0.0.3", 0))
@@ -223,10 +239,10 @@ def test_a_worker_names_the_peer_host_its_connection_is_unanswered_by() -> None:
         found: tuple[str, ...] = ()
         deadline = time.monotonic() + 5
         while not found and time.monotonic() < deadline:  # the kernel answers the first connections at once
-            found = unreached_hosts(["127.0.0.2", "127.0.0.3", "127.0.0.4"], "127.0.0.2")
+            found = Peers(0, 3, ("127.0.0.2",)).unreached()
             time.sleep(0.05)
         assert found == ("127.0.0.3",)
-        assert unreached_hosts(["127.0.0.2", "127.0.0.3"], "127.0.0.3") == ()  # never its own host
+        assert Peers(0, 2, ("127.0.0.3",)).unreached() == ()  # never its own host's
     finally:
         for s in tries:
             s.close()

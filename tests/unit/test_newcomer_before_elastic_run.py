@@ -47,8 +47,7 @@ def _worker(name: str, store: dist.TCPStore, *, store_address: str | None = None
 def _assigned(ctx: WorkerContext, round_: int, rank: int, size: int, *, from_checkpoint: bool = False,
               planned: int = 0) -> None:
     """The driver's next rendezvous reply to ``ctx``: round ``round_``, which syncs (it has a newcomer)."""
-    reply = Assignment(round_, RankInfo(rank, size, rank, size, 0, 1), True, 0, from_checkpoint, ("127.0.0.1",),
-                       planned).to_wire()
+    reply = Assignment(round_, RankInfo(rank, size, rank, size, 0, 1), True, 0, from_checkpoint, planned).to_wire()
     ctx._call = lambda kind, payload=None, timeout_s=0.0: reply
 
 
@@ -89,7 +88,7 @@ def _planned_in_elastic_run(store: dist.TCPStore, name: str, store_address: str 
         raise RuntimeError("no peer in this test")
 
     member._new_group = unformed  # the mark comes before the group, which is not what is tested here
-    member._form_next(_Pending(NextRound(1, 6, RankInfo(0, 2, 0, 2, 0, 1), ("127.0.0.1",))))
+    member._form_next(_Pending(NextRound(1, 6, RankInfo(0, 2, 0, 2, 0, 1))))
 
 
 def test_a_newcomer_of_a_planned_round_is_refused():

@@ -18,7 +18,7 @@ from cloud_elastic.worker.rounds.reclaim import Reaper
 pytestmark = pytest.mark.timeout(10)
 
 RANKS = RankInfo(1, 3, 0, 1, 1, 3)
-PLAN = NextRound(4, 2, RANKS, ("a", "b", "c"))
+PLAN = NextRound(4, 2, RANKS)
 
 
 class Ctx(NextGroupMixin):
@@ -69,7 +69,7 @@ def test_a_reply_to_a_heartbeat_sent_before_the_plan_was_made_does_not_drop_it()
 
 def test_a_joined_planned_round_the_driver_dropped_counts_as_aborted_and_fails_the_next_collective() -> None:
     ctx = Ctx()
-    ctx.info = RoundInfo(*vars(RANKS).values(), round=2, needs_sync=True, update_gen=1, hosts=PLAN.hosts, planned=4)
+    ctx.info = RoundInfo(*vars(RANKS).values(), round=2, needs_sync=True, update_gen=1, planned=4)
     ctx.__dict__["_planned_at"] = time.monotonic()
     assert ctx.next_plan == 4  # told in its heartbeats until the driver formed the round
     ctx._next_offered(PLAN, 1, 0, later())
@@ -85,7 +85,7 @@ def test_a_planned_assignment_without_its_group_fails_the_round_here() -> None:
     ctx.progress = type("P", (), {"waiting": lambda self: __import__("contextlib").nullcontext()})()
     ctx._form_limit_s = lambda: 1.0
     ctx._aborted = lambda round_: False
-    info = RoundInfo(*vars(RANKS).values(), round=2, needs_sync=True, update_gen=1, hosts=PLAN.hosts, planned=4)
+    info = RoundInfo(*vars(RANKS).values(), round=2, needs_sync=True, update_gen=1, planned=4)
     with pytest.raises(CollectiveError, match="planned round 2"):
         ctx._planned_group(info)  # NCCL: it cannot form the group in the background
     assert ctx.next_plan == 0
@@ -123,8 +123,7 @@ class GlooCtx(Ctx):
 
 
 def assignment(offer: NextRound) -> RoundInfo:
-    return RoundInfo(*vars(offer.ranks).values(), round=offer.round, needs_sync=True, update_gen=1, hosts=offer.hosts,
-                     planned=offer.plan)
+    return RoundInfo(*vars(offer.ranks).values(), round=offer.round, needs_sync=True, update_gen=1, planned=offer.plan)
 
 
 def test_a_newcomer_told_of_the_plan_by_heartbeat_and_rendezvous_at_the_same_moment_forms_its_group_once() -> None:

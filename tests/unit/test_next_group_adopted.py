@@ -17,7 +17,7 @@ pytestmark = pytest.mark.timeout(10)
 def adopted_in_planned_round() -> Ctx:
     """A member of round 2, formed from the dead driver's plan 4, whose newcomer's report was still deferred."""
     ctx = Ctx()
-    ctx.info = RoundInfo(*vars(RANKS).values(), round=2, needs_sync=True, update_gen=1, hosts=PLAN.hosts, planned=4)
+    ctx.info = RoundInfo(*vars(RANKS).values(), round=2, needs_sync=True, update_gen=1, planned=4)
     ctx._seen_round = 2
     ctx.__dict__.update(_planned_at=time.monotonic(), _plan_was_member=False, _taken_offer=PLAN,
                         _report_deferred=object())
@@ -35,7 +35,7 @@ def test_the_adopted_round_is_not_taken_for_a_plan_the_new_driver_gave_up() -> N
 
 def test_the_new_drivers_plan_with_the_old_number_is_formed_not_taken_for_the_one_joined() -> None:
     ctx = adopted_in_planned_round()
-    offer = NextRound(4, 3, RANKS, PLAN.hosts)  # the new driver's plan 4: round 3
+    offer = NextRound(4, 3, RANKS)  # the new driver's plan 4: round 3
     ctx._next_offered(offer, 2, 0, later())
     pending = ctx.__dict__.get("_next_pending")
     assert pending is not None and pending.offer == offer and ctx.next_plan == 4

@@ -27,7 +27,7 @@ from tests.unit.test_round_group import _EXIT_WHILE_FORMING
 
 pytestmark = pytest.mark.timeout(60)
 
-PLAN = NextRound(4, 2, RankInfo(1, 3, 0, 1, 1, 3), ("127.0.0.1",))
+PLAN = NextRound(4, 2, RankInfo(1, 3, 0, 1, 1, 3))
 
 
 class Ctx(NextGroupMixin, ExitingMixin):

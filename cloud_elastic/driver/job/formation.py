@@ -83,8 +83,6 @@ class RoundFormation:
         self.from_checkpoint = False
         #: The update generation the current round formed at (workers compare theirs to it).
         self.round_update_gen = 0
-        #: The hosts of the current round's members, each once (told to them with their assignment).
-        self.hosts: tuple[str, ...] = ()
         self._update_for_round = -1
         #: The aborted round whose rollback is emitted when the next round forms.
         self.pending_rollback: int | None = None
@@ -332,7 +330,7 @@ class RoundFormation:
             return self.next.assignment_for(w)
         if w.state in (S.RUNNING, S.DRAINING) and w.round == job.round and self.ranks is not None:
             return Assignment(job.round, self.ranks[w.worker_id], self.needs_sync, self.round_update_gen,
-                              self.from_checkpoint, self.hosts, self.planned)
+                              self.from_checkpoint, self.planned)
         return None
 
     def rank0(self) -> WorkerRecord | None:
@@ -354,7 +352,6 @@ class RoundFormation:
         self.needs_sync = False
         self.from_checkpoint = False
         self.planned = 0
-        self.hosts = tuple(dict.fromkeys(self._job.workers[wid].slot.host for wid in ranks if wid in self._job.workers))
         self._on_formed(self._job.running(now))
 
     def maybe_form(self, now: float) -> None:
@@ -437,10 +434,9 @@ class RoundFormation:
         ordered = [job.workers[c.worker_id] for c in plan.members]
         if planned is not None:
             ordered.sort(key=lambda w: planned.ranks[w.worker_id].rank)
-            self.hosts, self.ranks, self.planned = planned.hosts, dict(planned.ranks), planned.plan
+            self.ranks, self.planned = dict(planned.ranks), planned.plan
             self.next.formed(planned)
         else:
-            self.hosts = tuple(dict.fromkeys(w.slot.host for w in ordered))  # the group's only peers
             self.ranks = assign_ranks([Member(w.worker_id, w.slot.host, w.slot.index) for w in ordered])
             self.planned = 0
         self.needs_sync = plan.needs_sync

@@ -73,7 +73,6 @@ class Plan:
     #: The round it becomes: the running round's number plus one.
     round: int
     ranks: dict[str, RankInfo]
-    hosts: tuple[str, ...]
     #: Its members that were running in the round it was planned in (the rest are newcomers).
     staying: frozenset[str]
     #: The update generation its round forms at: arming it raises the job's by one.
@@ -136,7 +135,6 @@ class NextRounds:
         self._count += 1
         self.plan = Plan(self._count, job.round + 1,
                          assign_ranks([Member(w.worker_id, w.slot.host, w.slot.index) for w in ordered]),
-                         tuple(dict.fromkeys(w.slot.host for w in ordered)),
                          frozenset(w.worker_id for w in running), job.update_gen + 1)
         self.version += 1
         log.info("job %s: round %d planned (plan %d, %d worker(s)); its members form its group in the background: %s",
@@ -157,7 +155,7 @@ class NextRounds:
         if (plan is None or worker_id not in plan.ranks or plan.for_round != self._job.round
                 or self._job.phase is not Phase.RUNNING or self._returned(plan)):
             return None
-        return NextRound(plan.plan, plan.round, plan.ranks[worker_id], plan.hosts)
+        return NextRound(plan.plan, plan.round, plan.ranks[worker_id])
 
     def assignment_for(self, w: WorkerRecord) -> Assignment | None:
         """A newcomer of the plan is answered at rendezvous at once, with the planned round: it forms the
@@ -167,7 +165,7 @@ class NextRounds:
                 or plan.for_round != self._job.round or self._job.phase is not Phase.RUNNING or self._returned(plan)):
             return None
         self.told[w.worker_id] = plan.plan
-        return Assignment(plan.round, plan.ranks[w.worker_id], True, plan.update_gen, False, plan.hosts, plan.plan)
+        return Assignment(plan.round, plan.ranks[w.worker_id], True, plan.update_gen, False, plan.plan)
 
     def _returned(self, plan: Plan) -> bool:
         """Whether a running member of ``plan`` returned from its training function (told before the job's next

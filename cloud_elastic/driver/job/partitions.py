@@ -17,10 +17,13 @@ a row, with the same slots, are *failed formations*. A commit, a member lost,
 or a different set of slots starts the count over.
 
 **Evidence.** A member whose round's group did not form by the deadline says
-which of the round's hosts it was still trying to connect to, its SYN
-unanswered (``RendezvousRequest.unreachable``, see
-``worker.rounds.reclaim.unreached_hosts``). Each such report is an edge between
-two hosts.
+which addresses it was still trying to connect to, its SYN unanswered
+(``RendezvousRequest.unreachable``, see ``worker.rounds.peers.Peers.unreached``);
+every worker gives its own host's addresses at each rendezvous
+(``RendezvousRequest.addresses``), and the round's members who gave one of them
+name its host (:func:`address_owners`: no name is resolved here, and the
+assignments need not list the round's hosts). Each such report is an edge
+between two hosts.
 
 **The rule.**
 
@@ -63,7 +66,8 @@ from cloud_elastic.driver.job.hosts import Slot
 from cloud_elastic.driver.job.view import JobView
 from cloud_elastic.driver.job.workers import WorkerRecord, WorkerState
 
-__all__ = ["Partitions", "hosts_to_exclude", "backoff_s", "EXCLUDE_AFTER", "FAILED_FORMATIONS_LIMIT", "BACKOFF_CAP_S"]
+__all__ = ["Partitions", "hosts_to_exclude", "address_owners", "named_hosts", "backoff_s", "EXCLUDE_AFTER",
+           "FAILED_FORMATIONS_LIMIT", "BACKOFF_CAP_S"]
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +85,21 @@ def backoff_s(streak: int) -> float:
     """How long the next round waits after ``streak`` failed formations in a row: none after the first (a
     transient failure recovers at once), then 0.2 s, doubling up to :data:`BACKOFF_CAP_S`. Pure."""
     return 0.0 if streak <= 1 else min(BACKOFF_CAP_S, 0.2 * 2 ** min(streak - 2, 16))
+
+
+def address_owners(workers: Iterable[WorkerRecord]) -> dict[str, set[str]]:
+    """Each address ``workers`` gave as their own host's at rendezvous -> the hosts that gave it. Pure, O(workers)."""
+    owners: dict[str, set[str]] = {}
+    for w in workers:
+        for address in w.addresses:
+            owners.setdefault(address, set()).add(w.slot.host)
+    return owners
+
+
+def named_hosts(addresses: Iterable[str], owners: dict[str, set[str]], own: str) -> list[str]:
+    """The hosts behind ``addresses`` by ``owners`` (:func:`address_owners`), ``own`` left out, each once, in the
+    addresses' order; an address nobody gave (not a member's: another thread's connection) names none. Pure."""
+    return list(dict.fromkeys(h for a in addresses for h in sorted(owners.get(a, ())) if h != own))
 
 
 def hosts_to_exclude(edges: Iterable[tuple[str, str]], keep: str, order: Callable[[str], int]) -> list[str]:
@@ -137,7 +156,8 @@ class Partitions:
             self._since = now
         self._slots = slots
         self._hold_until = now + backoff_s(self.streak)
-        edges = {(w.slot.host, peer) for w in back for peer in w.unreachable if peer in hosts and peer != w.slot.host}
+        owners = address_owners(back)
+        edges = {(w.slot.host, peer) for w in back for peer in named_hosts(w.unreachable, owners, w.slot.host)}
         if edges and self.streak >= EXCLUDE_AFTER and self._exclude(back, waiting, edges, now):
             return False
         # A partition may heal (a rule rolled back, a switch back up): the state lives only in the workers, so
@@ -146,6 +166,11 @@ class Partitions:
             self._stop(sorted(hosts, key=job.hosts.order_of), edges, now - self._since)
             return False
         return True
+
+    def unreached(self, w: WorkerRecord) -> list[str]:
+        """The hosts ``w`` said at its last rendezvous it could not reach, named by every live worker's addresses
+        (for its log line: O(workers), once a failed round)."""
+        return named_hosts(w.unreachable, address_owners(self._job.alive()), w.slot.host)
 
     def holding(self, now: float) -> bool:
         """The next round must not form yet: failed formations in a row back it off (see :func:`backoff_s`)."""

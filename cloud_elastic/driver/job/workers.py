@@ -82,8 +82,9 @@ class WorkerRecord:
     round: int = 0
     rank: int | None = None
     rdzv_reason: str = "start"
-    #: The hosts of its round it said it could not reach, at its last rendezvous (see :mod:`.partitions`).
+    #: The addresses it said it could not reach, and its own host's, at its last rendezvous (see :mod:`.partitions`).
     unreachable: tuple[str, ...] = ()
+    addresses: tuple[str, ...] = ()
     why: str = ""
     commits: int = 0
     commit_seq: int = 0

@@ -38,7 +38,6 @@ communicator forms inside the formation deadline and can be abandoned with
 from __future__ import annotations
 
 import os
-import socket
 import sys
 import threading
 import time
@@ -56,7 +55,8 @@ from cloud_elastic.worker.rounds.backends import (abort_nccl, nccl_error_handlin
                                                   nccl_nonblocking_timeout_default, new_gloo_group, new_nccl_group,
                                                   quiesce_device)
 from cloud_elastic.worker.rounds.flight import FlightRecorder
-from cloud_elastic.worker.rounds.reclaim import GroupSockets, Reaper, socket_inodes, unreached_hosts
+from cloud_elastic.worker.rounds.peers import Peers, own_addresses
+from cloud_elastic.worker.rounds.reclaim import GroupSockets, Reaper, socket_inodes
 from cloud_elastic.worker.rounds.signed_store import SignedStore, round_namespace
 
 __all__ = [
@@ -134,14 +134,17 @@ class RoundStore(SignedStore):
     a slice after the formation is abandoned. A wait for keys already there
     costs one look. Every wait is bounded by ``timeout_s`` (the formation's
     deadline and a margin), whatever timeout the caller passes.
+
+    Each value carries its writer's rank and addresses (``peers``: this member's, and what it learned of the others).
     """
 
     MAX_SLICE_S = 0.02
 
-    def __init__(self, inner: Any, namespace: str, secret: str, timeout_s: float) -> None:
+    def __init__(self, inner: Any, namespace: str, secret: str, timeout_s: float, peers: Peers | None = None) -> None:
         super().__init__(inner, namespace, secret)
         self._timeout_s = timeout_s
         self._given_up = threading.Event()
+        self.peers = Peers() if peers is None else peers
 
     def give_up(self) -> None:
         """Fail every wait for keys, now and later (the formation that uses this store was abandoned)."""
@@ -158,9 +161,15 @@ class RoundStore(SignedStore):
             self._given_up.wait(pause)
             pause = min(2 * pause, self.MAX_SLICE_S)
 
+    def set(self, key: str, value: Any) -> None:
+        super().set(key, self.peers.wrap(value.encode() if isinstance(value, str) else bytes(value)))
+
     def get(self, key: str) -> bytes:
         self._await([key], self._timeout_s)
-        return super().get(key)
+        try:
+            return self.peers.unwrap(super().get(key))
+        except ValueError as exc:  # signed, so written with the job secret: a bug, named with its key
+            raise _STORE_ERROR(f"rendezvous store key {key!r}: {exc}") from None
 
     def wait(self, keys: list[str], timeout: timedelta | None = None) -> None:
         # The formation's time, not the caller's: Gloo passes its connection timeout, a share of it.
@@ -175,8 +184,6 @@ class RoundInfo(RankInfo):
     needs_sync: bool
     update_gen: int
     from_checkpoint: bool = False
-    #: The hosts of the round's members (each once): the only peers of its process group.
-    hosts: tuple[str, ...] = ()
     #: The plan whose group, formed in the background, this round uses (0: formed when the round forms).
     planned: int = 0
 
@@ -229,11 +236,13 @@ class RoundGroupsMixin:
 
     def _round_store(self, info: RoundInfo, suffix: str, client: Any = None) -> Any:
         """The store of a group of round ``info.round`` (``suffix`` names a second group of the round), on the
-        context's store client unless ``client`` is given."""
+        context's store client unless ``client`` is given; ``info``: this member's place in that group."""
         if self.standalone:
             return dist.HashStore()
         namespace = round_namespace(self.settings.secret, self.job_id, info.round) + suffix
-        return RoundStore(self._store if client is None else client, namespace, self.settings.secret, self._form_limit_s() + _GLOO_FORM_MARGIN_S)
+        return RoundStore(self._store if client is None else client, namespace, self.settings.secret,
+                          self._form_limit_s() + _GLOO_FORM_MARGIN_S,
+                          Peers(info.rank, info.size, own_addresses(self.hostname)))
 
     def _formed(self, info: RoundInfo, store: Any, make: Callable[[Callable[[Any], None]], Any],
                 what: str, *, confirm: bool = False) -> RoundGroup:
@@ -256,7 +265,7 @@ class RoundGroupsMixin:
                 result["error"] = str(exc)
                 done.set()
                 return
-            sockets = GroupSockets(before, socket_inodes(), self._control_peers, self._member_addresses(info))
+            sockets = GroupSockets(before, socket_inodes(), self._control_peers, self._member_addresses(store))
             group = RoundGroup(pg, store, sockets, self.backend, self.device, _size_of(pg))
             try:  # through the store, not the group: only members with ``confirm`` wait, whatever the others do
                 store.set(f"formed/{info.rank}", b"1")
@@ -295,7 +304,8 @@ class RoundGroupsMixin:
                     # one operation at a time: the next round's formation would wait behind it. It gets its own.
                     self._store_stale = True
                     # The peers still unanswered now are the driver's evidence of a partition (driver.job.partitions).
-                    self.unreachable = () if aborted else unreached_hosts(info.hosts, self.hostname)
+                    peers = getattr(store, "peers", None)
+                    self.unreachable = () if aborted or peers is None else peers.unreached()
                     if aborted:
                         raise CollectiveError(f"round {info.round} was aborted while forming its {what}")
                     raise CollectiveError(f"the {what} of round {info.round} did not form within "
@@ -342,18 +352,12 @@ class RoundGroupsMixin:
         else:
             self._reaper.release(group)
 
-    def _member_addresses(self, info: RoundInfo) -> set[str] | None:
-        """The IP addresses of the round's members, or None when they cannot all be known (with
-        ``--network-interface``, or a name that does not resolve: every connection the formation opened counts)."""
-        if self.interface or not info.hosts:
-            return None
-        addresses: set[str] = set()
-        for host in info.hosts:
-            try:
-                addresses |= {entry[4][0] for entry in socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)}
-            except OSError:
-                return None
-        return addresses
+    def _member_addresses(self, store: Any) -> set[str] | None:
+        """The IP addresses of the members of the group formed on ``store`` (see ``peers``), or None when they
+        cannot all be known (with ``--network-interface``, whose addresses are not the hosts' names'; a member
+        that wrote none): every connection the formation opened counts then."""
+        peers = getattr(store, "peers", None)
+        return None if self.interface or peers is None else peers.addresses()
 
     def _new_group(self, store: Any, info: RoundInfo, published: Callable[[Any], None] = lambda pg: None) -> Any:
         timeout = timedelta(seconds=self.collective_timeout_s)
@@ -419,9 +423,9 @@ class RoundGroupsMixin:
         assert group is not None and self.info is not None
         if group.cross is None:
             info = self.info
-            store = self._round_store(info, f"-x{info.local_rank}")
             cross = RoundInfo(info.cross_rank, info.cross_size, 0, 1, info.cross_rank, info.cross_size,
-                              round=info.round, needs_sync=info.needs_sync, update_gen=info.update_gen, hosts=info.hosts)
+                              round=info.round, needs_sync=info.needs_sync, update_gen=info.update_gen)
+            store = self._round_store(cross, f"-x{info.local_rank}")
             group.cross = self._formed(info, store, lambda publish: self._new_group(store, cross, publish),
                                        "cross-host group")
             if group.abandoned:  # aborted while it formed

@@ -177,7 +177,7 @@ class NextGroupMixin:
 
     def _form_next(self, pending: _Pending) -> None:
         offer = pending.offer
-        info = RoundInfo(**vars(offer.ranks), round=offer.round, needs_sync=True, update_gen=0, hosts=offer.hosts)
+        info = RoundInfo(**vars(offer.ranks), round=offer.round, needs_sync=True, update_gen=0)
         started = time.monotonic()
         group = None
         try:
@@ -190,7 +190,7 @@ class NextGroupMixin:
             before = socket_inodes()
             pg = self._new_group(store, info)
             group = RoundGroup(pg, store, GroupSockets(before, socket_inodes(), self._control_peers,
-                                                      self._member_addresses(info)), self.backend, self.device,
+                                                      self._member_addresses(store)), self.backend, self.device,
                                _size_of(pg))
             del pg
             with self._next_lock():  # the check's connections, for _close_next to cut (see there)
@@ -303,7 +303,7 @@ class NextGroupMixin:
         # A member of the round before switches once the driver formed the round; a newcomer joins it earlier.
         self.__dict__["_plan_was_member"] = self.info is not None and self.info.round == info.round - 1
         # The formation its heartbeat started for this plan, if any (else one of its own; another plan's retired).
-        pending = self._start_next(NextRound(info.planned, info.round, ranks, info.hosts), joined=True,
+        pending = self._start_next(NextRound(info.planned, info.round, ranks), joined=True,
                                    why="its round formed from another plan")
         deadline = time.monotonic() + self._form_limit_s()
         with self.progress.waiting():

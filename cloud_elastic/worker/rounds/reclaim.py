@@ -17,7 +17,7 @@ over repeated SIGKILLed and SIGSTOPped peers, about 0.1 s per group.
 
 The group's sockets are found as the TCP sockets that appeared while it was
 being formed (:func:`socket_inodes` before and after) and are connected to one
-of the round's members (their addresses come with the round's assignment),
+of the group's members (their addresses come through the group's store: ``peers``),
 minus the group's listening socket (Gloo aborts the process if its ``accept``
 fails) and any connection to the driver's control plane or store. Destruction runs on a
 short-lived thread, so the caller never blocks on it; that thread lets go of the group
@@ -35,7 +35,7 @@ import threading
 import time
 from typing import Any, Iterable
 
-__all__ = ["socket_inodes", "GroupSockets", "Reaper", "unreached_hosts", "connecting_to"]
+__all__ = ["socket_inodes", "GroupSockets", "Reaper", "connecting_to", "plain_ip"]
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ def socket_inodes() -> dict[int, str]:
     return out
 
 
-def _plain_ip(address: str) -> str:
+def plain_ip(address: str) -> str:
     """``::ffff:10.0.0.1`` (an IPv4 peer of an IPv6 socket) as ``10.0.0.1``; other addresses unchanged."""
     return address[7:] if address.startswith("::ffff:") and "." in address else address
 
@@ -95,12 +95,18 @@ def _proc_tcp_address(field: str) -> str:
     if len(raw) == 4:
         return socket.inet_ntop(socket.AF_INET, raw[::-1])
     words = b"".join(raw[i:i + 4][::-1] for i in range(0, 16, 4))
-    return _plain_ip(socket.inet_ntop(socket.AF_INET6, words))
+    return plain_ip(socket.inet_ntop(socket.AF_INET6, words))
 
 
 def connecting_to() -> set[str]:
     """The addresses this process's TCP sockets are trying to connect to and have not reached (SYN sent, no
-    answer): a peer that is up but whose packets the network drops. Empty when that cannot be read."""
+    answer): a peer that is up but whose packets the network drops. Empty when that cannot be read.
+
+    Forming a group connects every pair of ranks, one connection at a time, only once each peer has published
+    its address; a connection that stays unanswered is one the network drops between two hosts that are both
+    up (a peer that never published its address, or one that refused, is not among them). What a formation
+    that failed says of the peers it could not reach (``peers.Peers.unreached``, ``driver.job.partitions``).
+    """
     mine = {link[8:-1] for link in socket_inodes().values()}  # socket:[inode]
     out: set[str] = set()
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
@@ -116,35 +122,10 @@ def connecting_to() -> set[str]:
     return out
 
 
-def unreached_hosts(hosts: Iterable[str], own: str) -> tuple[str, ...]:
-    """The hosts of a round (as the driver names them; ``own`` left out) this worker is still trying to reach:
-    what a formation that failed says of the peers it could not reach (see ``driver.job.partitions``).
-
-    Forming a group connects every pair of ranks, one connection at a time, only once each peer has published
-    its address; a connection that stays unanswered (SYN sent, nothing back) is one the network drops between
-    two hosts that are both up. A peer that never published its address, or one that refused, is not named.
-    () when nothing can be known (no procfs, a name that does not resolve).
-    """
-    trying = connecting_to()
-    if not trying:
-        return ()
-    out = []
-    for host in dict.fromkeys(hosts):
-        if host == own:
-            continue
-        try:
-            addresses = {_plain_ip(entry[4][0]) for entry in socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)}
-        except OSError:
-            continue
-        if addresses & trying:
-            out.append(host)
-    return tuple(out)
-
-
 class GroupSockets:
     """The peer connections of one process group, found by what formation opened.
 
-    With ``members`` (the IP addresses of the round's members), only connections
+    With ``members`` (the IP addresses of the group's members), only connections
     to one of them count: a socket another thread of the worker opened while the
     group formed (a checkpoint upload from rank 0, say) is not the group's and is
     never shut down with it.
@@ -153,7 +134,7 @@ class GroupSockets:
     def __init__(self, before: dict[int, str], after: dict[int, str], exclude_peers: Iterable[tuple[str, int]],
                  members: Iterable[str] | None = None) -> None:
         excluded = set(exclude_peers)
-        allowed = None if members is None else {_plain_ip(m) for m in members}
+        allowed = None if members is None else {plain_ip(m) for m in members}
         self._fds: dict[int, str] = {}
         for fd, link in after.items():
             if before.get(fd) == link:
@@ -167,7 +148,7 @@ class GroupSockets:
                     peer = s.getpeername()[:2]
             except OSError:
                 continue
-            if (peer[0], peer[1]) in excluded or (allowed is not None and _plain_ip(peer[0]) not in allowed):
+            if (peer[0], peer[1]) in excluded or (allowed is not None and plain_ip(peer[0]) not in allowed):
                 continue
             self._fds[fd] = link
 

@@ -1,0 +1,101 @@
+"""A round's members learn each other's addresses from their group's own store (``worker.rounds.peers``), not from
+the driver: the assignment names no other member, so its size does not grow with the round's.
+
+Real Gloo groups of real worker contexts over a real TCPStore, each member on a loopback address of its own.
+"""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from cloud_elastic.protocol import Assignment, RankInfo, RendezvousRequest
+from cloud_elastic.worker.context import RoundInfo, WorkerContext
+from cloud_elastic.worker.rounds.groups import RoundStore
+from cloud_elastic.worker.rounds.peers import Peers, own_addresses
+from cloud_elastic.worker.rounds.signed_store import SignedStore
+from cloud_elastic.worker.settings import WorkerSettings
+
+pytestmark = pytest.mark.timeout(60)
+
+SECRET = "s" * 64
+
+
+@pytest.fixture
+def server():
+    return dist.TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=30), wait_for_workers=False)
+
+
+def _worker(server, name: str, host: str) -> WorkerContext:
+    ctx = WorkerContext(WorkerSettings(
+        standalone=False, driver_address="127.0.0.1:1", store_address=f"127.0.0.1:{server.port}", job_id="peers",
+        worker_id=name, hostname=host, secret=SECRET, backend="gloo", collective_timeout_s=30.0, malloc_tuning=False))
+    ctx._store = dist.TCPStore("127.0.0.1", server.port, None, False, timeout=timedelta(seconds=30))
+    return ctx
+
+
+def test_the_members_of_a_group_know_every_members_address_once_it_formed_and_it_works(server):
+    hosts = ("127.0.0.2", "127.0.0.3", "127.0.0.4")
+    workers = [_worker(server, f"w{rank}", host) for rank, host in enumerate(hosts)]
+    infos = [RoundInfo(r, 3, 0, 1, r, 3, round=1, needs_sync=False, update_gen=0) for r in range(3)]
+    forming = [threading.Thread(target=w._form_group, args=(info,)) for w, info in zip(workers[1:], infos[1:])]
+    for t in forming:
+        t.start()
+    workers[0]._form_group(infos[0])
+    for t in forming:
+        t.join(30)
+    works = [w.pg.allreduce([torch.ones(2)]) for w in workers[1:]]
+    total = torch.ones(2)
+    workers[0].wait(workers[0].pg.allreduce([total]), "allreduce")
+    for work in works:
+        work.wait()
+    assert total.tolist() == [3.0, 3.0]
+    for w in workers:
+        assert w._group.store.peers.addresses() == set(hosts)
+        assert w._member_addresses(w._group.store) == set(hosts)
+        assert len(w._group.sockets) >= 1  # its connections to the members, found by address
+    for w in workers:  # let go of, and destroyed before the test ends (as the worker's exit hook does)
+        group, w._group = w._group, None
+        w._reaper.release(group, after_s=0.0)
+        del group
+        assert w._reaper.drain(10)
+
+
+def test_a_value_without_a_members_envelope_passes_unchanged_and_leaves_the_members_unknown(server):
+    """An older worker writes no envelope: its value reaches torch as it was, and every connection the formation
+    opened counts as the group's (as when no member's address was known)."""
+    client = dist.TCPStore("127.0.0.1", server.port, None, False, timeout=timedelta(seconds=30))
+    older = RoundStore(client, "r1-ns", SECRET, 5.0)  # no rank: no envelope
+    older.set("0/1", b"\x02\x00gloo's address")
+    reader = RoundStore(client, "r1-ns", SECRET, 5.0, Peers(0, 2, ("127.0.0.2",)))
+    assert reader.get("0/1") == b"\x02\x00gloo's address"
+    assert reader.peers.addresses() is None
+    reader.set("0/0", b"mine")
+    assert older.get("0/0") == b"mine" and older.peers.addresses() is None  # no rank of its own: it asks no one
+    assert bytes(SignedStore(client, "r1-ns", SECRET).get("0/0")).endswith(b"mine")  # the envelope is signed
+
+
+def test_a_malformed_envelope_fails_the_read_naming_the_key(server):
+    client = dist.TCPStore("127.0.0.1", server.port, None, False, timeout=timedelta(seconds=30))
+    envelope = Peers(1, 2, ("127.0.0.3",)).wrap(b"data")
+    SignedStore(client, "r1-ns", SECRET).set("0/1", envelope.replace(b'"r":1', b'"r":"x"'))
+    with pytest.raises(RuntimeError, match="'0/1': a malformed member envelope"):
+        RoundStore(client, "r1-ns", SECRET, 5.0, Peers(0, 2)).get("0/1")
+
+
+def test_a_workers_rendezvous_request_gives_its_hosts_addresses_and_the_ones_its_formation_could_not_reach(server):
+    ctx = _worker(server, "w0", "127.0.0.5")
+    ctx._client = object()  # every driver call goes through _call, answered below
+    ctx._form_group = lambda info: setattr(ctx, "info", info)
+    sent = []
+    reply = Assignment(1, RankInfo(0, 1, 0, 1, 0, 1), True, 0).to_wire()
+    ctx._call = lambda kind, payload=None, timeout_s=0.0: sent.append(payload) or reply
+    ctx.unreachable = ("127.0.0.9",)  # what a formation given up at its deadline left (Peers.unreached)
+    ctx.rendezvous("failure")
+    request = RendezvousRequest.from_wire(sent[0])
+    assert request.addresses == own_addresses("127.0.0.5") == ("127.0.0.5",)
+    assert request.unreachable == ("127.0.0.9",)
