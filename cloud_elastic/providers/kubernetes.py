@@ -33,7 +33,9 @@ one line: a refused selector (400/422), pods that may not be listed (403),
 bad credentials (401) or an unreadable kubeconfig are fatal; an unreachable
 API server, 429 and 5xx are retryable. Nodes that may not be read (403) are
 not fatal: one warning, and the job goes on without node signals (pod signals
-still work). A list is bounded (see the watch module): more than
+still work). A pod or node of the wrong shape (a field of a type the API never
+sends) is one warning naming it and the field, and is left out; a list page of
+the wrong shape is retryable, in one line naming the field. A list is bounded (see the watch module): more than
 ``MAX_HOSTS`` objects, 100 pages or a 64 MiB page is fatal (a cluster of more
 nodes than that needs ``node_selector``, and the error says so), one that has
 not ended within 6 × ``timeout_s`` on the wall clock is retryable.

@@ -12,10 +12,14 @@ __all__ = ["MAX_LINE", "NotAnEvent"]
 
 #: The types of a watch event (``watch.EventType`` of the API machinery).
 _EVENT_TYPES = frozenset({"ADDED", "MODIFIED", "DELETED", "BOOKMARK", "ERROR"})
+#: The events that carry a pod or node: one of the wrong type is still an event, for the view to read (and warn
+#: about, and leave out), not a bad answer that the watch would be sent again after each reconnect.
+_CHANGES = frozenset({"ADDED", "MODIFIED", "DELETED"})
 
 
-class NotAnEvent(Exception):
-    """A watch answered with a line that is not a watch event: retried with back-off, warned once an outage."""
+class NotAnEvent(ValueError):
+    """A watch answered with a line that is not a watch event (or one longer than :data:`MAX_LINE`): retried with
+    back-off, warned once an outage."""
 
 
 def _shut(resp: Any) -> None:
@@ -30,12 +34,13 @@ def _shut(resp: Any) -> None:
 
 def _parse(line: bytes) -> dict[str, Any]:
     """A watch event from one line; NotAnEvent for anything else (not JSON, a List, an object without a known
-    ``type`` or with no ``object``)."""
+    ``type`` or with no ``object``; a ``BOOKMARK`` or ``ERROR`` whose ``object`` is not an object)."""
     try:
         event = json.loads(line)
     except ValueError:
         event = None
-    if isinstance(event, dict) and event.get("type") in _EVENT_TYPES and isinstance(event.get("object"), dict):
+    if isinstance(event, dict) and event.get("type") in _EVENT_TYPES and "object" in event and (
+            event["type"] in _CHANGES or isinstance(event["object"], dict)):
         return event
     kind = event.get("kind") if isinstance(event, dict) else None
     if isinstance(kind, str):
@@ -61,13 +66,36 @@ def _close(resp: Any) -> None:
 MAX_LINE = 4 * 1024 * 1024
 
 
+#: The most bytes one read of a watch takes: a chunk the server says is larger (or a body with no chunked
+#: encoding) is read in pieces of this, so what is held is bounded by :data:`MAX_LINE` whatever the server sends.
+_PIECE = 1 << 16
+
+
+def _pieces(resp: Any) -> Iterator[bytes]:
+    """The body, as it arrives, in pieces of at most :data:`_PIECE` bytes (never decoded: a compressed piece could
+    grow past any bound).
+
+    A chunked body (what the API server sends a watch) is read a chunk at a time, a chunk larger than a piece in
+    pieces; any other body (a proxy's, or one that ends when the connection closes) a piece at a time as it comes
+    (``read1``: what one read of the socket gives, so an event is not held back until a piece fills)."""
+    if resp.chunked:
+        yield from resp.stream(amt=_PIECE, decode_content=False)
+        return
+    while True:
+        piece = resp.read1(_PIECE, decode_content=False)
+        if not piece:
+            return
+        yield piece
+
+
 def _lines(resp: Any) -> Iterator[bytes]:
-    """The stream's non-empty lines (one JSON event each), as they arrive; ValueError past :data:`MAX_LINE`.
+    """The stream's non-empty lines (one JSON event each), as they arrive; NotAnEvent past :data:`MAX_LINE`.
 
     Each byte is looked at once (a line's end is searched only in what arrived since), so a long line costs
-    linear time, not quadratic."""
+    linear time, not quadratic; and the body is read in bounded pieces, so at most :data:`MAX_LINE` + a piece is
+    held."""
     buffer = bytearray()
-    for chunk in resp.stream(amt=None, decode_content=False):
+    for chunk in _pieces(resp):
         start = len(buffer)
         buffer += chunk
         end = buffer.find(b"\n", start)
@@ -78,7 +106,8 @@ def _lines(resp: Any) -> Iterator[bytes]:
                 yield line
             end = buffer.find(b"\n")
         if len(buffer) > MAX_LINE:
-            raise ValueError(f"a watch event line longer than {MAX_LINE} bytes")
+            raise NotAnEvent(f"the watch was answered with a line longer than {MAX_LINE} bytes, which no watch event "
+                             "is (the API server keeps an object under 1.5 MiB)")
     if buffer.strip():
         yield bytes(buffer)
 

@@ -53,6 +53,17 @@ Slots from the annotation must be a whole number from 1 to
 warned about once and leaves the pod out (it does not fail discovery, which
 would end the job for one pod's typo).
 
+A pod or node with a field of a type the API never sends (a pod that is a
+string, a ``podIP`` that is a number, a ``deletionTimestamp`` that is not a
+time: :class:`MalformedObject`, whose one line names the object and the field)
+is warned about once and left out until it is sent readable; the rest of the
+view goes on. Failing the list or the watch for one such object would leave
+the whole view stale, and end a healthy job (a watch resumed from its kept
+version is sent the same event again). A pod left out is missing to the
+driver: an update that does not read may be the pod's deletion, so its old
+record is not kept as if it were current. An event whose object names no pod
+(its uid does not read) changes nothing.
+
 Identity: ``instances`` names each host ``<pod name>/<pod uid>/<restarts>``
 (restarts: the worker container's ``restartCount``). A pod recreated under
 the same name has a new uid; a container that restarted has lost every worker
@@ -70,7 +81,7 @@ from cloud_elastic.providers._common import SnapshotBuilder, OnceLog, Verdict, d
 from cloud_elastic.providers.api import MAX_SLOTS_PER_HOST, DiscoveredHosts
 
 __all__ = ["DRAIN_TAINTS", "SOFT_TAINTS", "SLOTS_ANNOTATION", "PodRecord", "NodeRecord", "ClusterView",
-           "pod_record", "node_record"]
+           "MalformedObject", "pod_record", "node_record"]
 
 _log = logging.getLogger(__name__)
 
@@ -90,6 +101,9 @@ SOFT_TAINTS: Mapping[str, str] = {
 _SPOT_TAINT_LEAD_S = {"aws-node-termination-handler/spot-itn": 120.0}
 #: The annotation that gives a pod's slots when its container has no GPU limit (CPU pods).
 SLOTS_ANNOTATION = "cloud-elastic.io/slots"
+#: What a malformed object costs, as its warning says.
+_LEFT_OUT = {"pod": "the pod is left out until the API server sends it readable",
+             "node": "its taints and cordon are not seen until the API server sends it readable"}
 
 
 @dataclass(frozen=True)
@@ -125,40 +139,112 @@ class NodeRecord:
     cordoned: bool
 
 
-def _condition(status: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
-    for cond in status.get("conditions") or ():
-        if cond.get("type") == kind:
-            return cond
+class MalformedObject(ValueError):
+    """An object from the API server with a field of a type the API never sends (a pod that is a string, a
+    ``podIP`` that is a number...), or a list page of the wrong shape: one line naming the object and the field.
+
+    ``key`` is the pod's uid or the node's name when that much could be read, else None."""
+
+    def __init__(self, message: str, key: str | None = None) -> None:
+        super().__init__(message)
+        self.key = key
+
+
+_NAMES = {Mapping: "an object", list: "a list", str: "a string", int: "a whole number", bool: "true or false",
+          (int, float): "a number"}
+
+
+def shown(value: Any, limit: int = 40) -> str:
+    """``value`` as a message shows it: its repr (one line: a string's control characters come escaped), cut."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+class Fields:
+    """Typed reads of one object's JSON (``kind``: ``pod``, ``node``, ``page``): a field of another type raises
+    :class:`MalformedObject` naming the object and the field (after ``context``, e.g. ``listing pods: ``), where
+    Python's own error (``'str' object has no attribute 'get'``) names neither. A field that is absent or
+    ``null`` reads as the default."""
+
+    def __init__(self, kind: str, obj: Any, context: str = "") -> None:
+        self.kind = kind
+        self.context = context
+        self.name = ""
+        self.key: str | None = None
+        if not isinstance(obj, Mapping):
+            raise MalformedObject(f"{context}a {kind} that is {shown(obj)}, not an object")
+
+    def get(self, parent: Mapping[str, Any], where: str, key: str, want: Any, default: Any = None) -> Any:
+        """``parent[key]`` (``where`` is the parent's path in the object, ``""`` at its top), of type ``want``."""
+        value = parent.get(key)
+        if value is None:
+            return default
+        if not isinstance(value, want) or (isinstance(value, bool) and want is not bool):
+            path = f"{where}.{key}" if where else key
+            raise self.bad(f"{path} is {shown(value)}, not {_NAMES[want]}")
+        return value
+
+    def items(self, parent: Mapping[str, Any], where: str, key: str) -> list[tuple[str, Mapping[str, Any]]]:
+        """``parent[key]``, a list of objects, each with its path (``spec.containers[1]``)."""
+        entries = self.get(parent, where, key, list, [])
+        path = f"{where}.{key}" if where else key
+        for n, entry in enumerate(entries):
+            if not isinstance(entry, Mapping):
+                raise self.bad(f"{path}[{n}] is {shown(entry)}, not an object")
+        return [(f"{path}[{n}]", entry) for n, entry in enumerate(entries)]
+
+    def time(self, parent: Mapping[str, Any], where: str, key: str) -> float | None:
+        """A timestamp (RFC 3339) as Unix seconds: None if absent; MalformedObject if it is not one."""
+        text = self.get(parent, where, key, str)
+        moment = parse_time(text)
+        if text is not None and moment is None:
+            raise self.bad(f"{where}.{key} is {shown(text)}, not a time")
+        return moment
+
+    def bad(self, what: str) -> MalformedObject:
+        who = f"{self.kind} {shown(self.name)}" if self.name else f"a {self.kind}"
+        return MalformedObject(f"{self.context}{who}: {what}", self.key)
+
+
+def _condition(f: Fields, status: Mapping[str, Any], kind: str) -> tuple[str, Mapping[str, Any]] | None:
+    for path, cond in f.items(status, "status", "conditions"):
+        if f.get(cond, path, "type", str) == kind:
+            return path, cond
     return None
 
 
-def _container(spec: Mapping[str, Any], status: Mapping[str, Any], name: str | None, resource: str
-               ) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
-    """The worker container's spec and status: the one named ``name``; else the one with a ``resource``
+def _container(f: Fields, spec: Mapping[str, Any], status: Mapping[str, Any], name: str | None, resource: str
+               ) -> tuple[str, int, int]:
+    """The worker container's name, GPUs and restarts: the one named ``name``; else the one with a ``resource``
     limit, else the one named ``worker``, else the first (a sidecar may come first)."""
-    containers = spec.get("containers") or [{}]
-    named = next((c for c in containers if c.get("name") == name), None) if name else None
-    chosen = (named or next((c for c in containers if _gpus(c, resource) > 0), None)
-              or next((c for c in containers if c.get("name") == "worker"), containers[0]))
-    statuses = status.get("containerStatuses") or ()
-    state = next((s for s in statuses if s.get("name") == chosen.get("name")), {})
-    return chosen, state
+    containers = []
+    for path, spec_of in f.items(spec, "spec", "containers"):
+        resources = f.get(spec_of, path, "resources", Mapping, {})
+        limits = f.get(resources, f"{path}.resources", "limits", Mapping, {})
+        containers.append((f.get(spec_of, path, "name", str, ""), _gpus(limits, resource)))
+    containers = containers or [("", 0)]
+    named = next((c for c in containers if c[0] == name), None) if name else None
+    chosen, gpus = (named or next((c for c in containers if c[1] > 0), None)
+                    or next((c for c in containers if c[0] == "worker"), containers[0]))
+    for path, state in f.items(status, "status", "containerStatuses"):
+        if f.get(state, path, "name", str, "") == chosen:
+            return chosen, gpus, f.get(state, path, "restartCount", int, 0)
+    return chosen, gpus, 0
 
 
-def _gpus(container: Mapping[str, Any], resource: str) -> int:
-    limits = (container.get("resources") or {}).get("limits") or {}
+def _gpus(limits: Mapping[str, Any], resource: str) -> int:
     try:
         return int(str(limits.get(resource, "0")).strip() or 0)
     except ValueError:
         return 0
 
 
-def _address(status: Mapping[str, Any]) -> str | None:
+def _address(f: Fields, status: Mapping[str, Any]) -> str | None:
     """``status.podIP``, unless it is IPv6 and ``status.podIPs`` has an IPv4 entry (dual-stack, IPv6 first)."""
-    primary = status.get("podIP") or None
+    primary = f.get(status, "status", "podIP", str) or None
     if primary is None or ":" not in primary:
         return primary
-    ips = (entry.get("ip") for entry in status.get("podIPs") or () if isinstance(entry, Mapping))
+    ips = (f.get(entry, path, "ip", str) for path, entry in f.items(status, "status", "podIPs"))
     return next((ip for ip in ips if ip and ":" not in ip), primary)
 
 
@@ -176,54 +262,68 @@ def _slots_refusal(text: str) -> str:
     return "not a positive whole number of slots"
 
 
-def pod_record(pod: Mapping[str, Any], *, container: str | None = None, gpu_resource: str = "nvidia.com/gpu",
+def pod_record(pod: Any, *, container: str | None = None, gpu_resource: str = "nvidia.com/gpu",
                slots_per_host: int | None = None) -> PodRecord:
-    """Read one pod, in the API's JSON, into a :class:`PodRecord`."""
-    meta = pod.get("metadata") or {}
-    spec = pod.get("spec") or {}
-    status = pod.get("status") or {}
-    worker, worker_status = _container(spec, status, container, gpu_resource)
-    annotation = str((meta.get("annotations") or {}).get(SLOTS_ANNOTATION, "")).strip()
+    """Read one pod, in the API's JSON, into a :class:`PodRecord`; :class:`MalformedObject` for a field the
+    record reads that has a type the API never sends, or a ``deletionTimestamp`` that is not a time."""
+    f = Fields("pod", pod)
+    meta = f.get(pod, "", "metadata", Mapping, {})
+    f.key = f.get(meta, "metadata", "uid", str, "")
+    f.name = f.get(meta, "metadata", "name", str, "")
+    spec = f.get(pod, "", "spec", Mapping, {})
+    status = f.get(pod, "", "status", Mapping, {})
+    annotations = f.get(meta, "metadata", "annotations", Mapping, {})
+    annotation = f.get(annotations, "metadata.annotations", SLOTS_ANNOTATION, str, "").strip()
+    worker, gpus, restarts = _container(f, spec, status, container, gpu_resource)
     slots: int | None
     if slots_per_host is not None:
         slots = slots_per_host
-    elif _gpus(worker, gpu_resource) > 0:
-        slots = _gpus(worker, gpu_resource)
+    elif gpus > 0:
+        slots = gpus
     elif annotation:
         slots = _annotated_slots(annotation)
     else:
         slots = 1
-    ready = _condition(status, "Ready")
-    disrupted = _condition(status, "DisruptionTarget")
+    ready = _condition(f, status, "Ready")
+    disrupted = _condition(f, status, "DisruptionTarget")
     disruption = None
-    if disrupted is not None and disrupted.get("status") == "True":
-        why = disrupted.get("reason") or "DisruptionTarget"
-        disruption = (f"DisruptionTarget: {why}", parse_time(disrupted.get("lastTransitionTime")))
-    grace = spec.get("terminationGracePeriodSeconds")
+    if disrupted is not None and f.get(disrupted[1], disrupted[0], "status", str) == "True":
+        why = f.get(disrupted[1], disrupted[0], "reason", str) or "DisruptionTarget"
+        disruption = (f"DisruptionTarget: {why}", parse_time(f.get(disrupted[1], disrupted[0], "lastTransitionTime",
+                                                                   str)))
+    grace = f.get(spec, "spec", "terminationGracePeriodSeconds", (int, float), 30)
     return PodRecord(
-        name=str(meta.get("name", "")),
-        uid=str(meta.get("uid", "")),
-        node=str(spec.get("nodeName") or ""),
-        ip=_address(status),
-        phase=str(status.get("phase", "")),
-        ready=ready is not None and ready.get("status") == "True",
-        restarts=int(worker_status.get("restartCount") or 0),
+        name=f.name,
+        uid=f.key,
+        node=f.get(spec, "spec", "nodeName", str, ""),
+        ip=_address(f, status),
+        phase=f.get(status, "status", "phase", str, ""),
+        ready=ready is not None and f.get(ready[1], ready[0], "status", str) == "True",
+        restarts=restarts,
         slots=slots,
         slots_text=annotation,
-        created=str(meta.get("creationTimestamp") or ""),
-        deleted_at=parse_time(meta.get("deletionTimestamp")),
-        grace_s=float(grace if isinstance(grace, (int, float)) else 30),
+        created=f.get(meta, "metadata", "creationTimestamp", str, ""),
+        deleted_at=f.time(meta, "metadata", "deletionTimestamp"),
+        grace_s=float(grace),
         disruption=disruption,
-        container=str(worker.get("name") or ""),
+        container=worker,
     )
 
 
-def node_record(node: Mapping[str, Any]) -> NodeRecord:
-    """Read one node, in the API's JSON, into a :class:`NodeRecord`."""
-    spec = node.get("spec") or {}
-    taints = tuple(sorted((str(t.get("key", "")), parse_time(t.get("timeAdded")))
-                          for t in spec.get("taints") or () if t.get("key")))
-    return NodeRecord(str((node.get("metadata") or {}).get("name", "")), taints, bool(spec.get("unschedulable")))
+def node_record(node: Any) -> NodeRecord:
+    """Read one node, in the API's JSON, into a :class:`NodeRecord`; :class:`MalformedObject` for a field the
+    record reads that has a type the API never sends."""
+    f = Fields("node", node)
+    f.name = f.get(f.get(node, "", "metadata", Mapping, {}), "metadata", "name", str, "")
+    f.key = f.name
+    spec = f.get(node, "", "spec", Mapping, {})
+    taints = []
+    for path, taint in f.items(spec, "spec", "taints"):
+        key = f.get(taint, path, "key", str)
+        if key:
+            taints.append((key, parse_time(f.get(taint, path, "timeAdded", str))))
+    return NodeRecord(f.name, tuple(sorted(taints, key=lambda t: (t[0], t[1] or 0.0))),
+                      f.get(spec, "spec", "unschedulable", bool, False))
 
 
 class ClusterView:
@@ -249,47 +349,86 @@ class ClusterView:
         self._first_seen: dict[str, float] = {}  # pod uid -> when a disruption without a time was first seen
         self._taint_seen: dict[tuple[str, str], float] = {}  # (node, key) -> when a timeless taint was first seen
         self._once = OnceLog(_log, logging.WARNING)
+        #: (kind, key) -> the message last warned for a malformed pod or node (key None: one whose key is unreadable)
+        self._malformed: dict[tuple[str, str | None], str] = {}
 
     # -- feeding -------------------------------------------------------------------------
 
-    def replace_pods(self, pods: Iterable[Mapping[str, Any]]) -> bool:
-        """A complete list of pods (a list or a relist): what was not listed is gone."""
-        fresh = {}
-        for pod in pods:
-            record = pod_record(pod, **self._read_pod)
-            fresh[record.uid] = record
+    def replace_pods(self, pods: Iterable[Any]) -> bool:
+        """A complete list of pods (a list or a relist): what was not listed is gone, and so is a malformed pod
+        (:meth:`_record`)."""
+        fresh = self._read_all("pod", pods)
         changed = fresh != self.pods
         self.pods = fresh
         return self._bump(changed)
 
-    def apply_pod(self, kind: str, pod: Mapping[str, Any]) -> bool:
-        """One watch event (``ADDED``, ``MODIFIED`` or ``DELETED``) for a pod."""
-        record = pod_record(pod, **self._read_pod)
-        if kind == "DELETED":
-            return self._bump(self.pods.pop(record.uid, None) is not None)
+    def apply_pod(self, kind: str, pod: Any) -> bool:
+        """One watch event (``ADDED``, ``MODIFIED`` or ``DELETED``) for a pod. A malformed pod is dropped, if its
+        uid can be read: what the update that does not read says may be its deletion."""
+        record, uid = self._record("pod", pod)
+        if kind == "DELETED" or record is None:
+            if kind == "DELETED":
+                self._malformed.pop(("pod", uid), None)
+            return self._bump(uid is not None and self.pods.pop(uid, None) is not None)
         changed = self.pods.get(record.uid) != record
         self.pods[record.uid] = record
         return self._bump(changed)
 
-    def replace_nodes(self, nodes: Iterable[Mapping[str, Any]]) -> bool:
-        """A complete list of nodes; True if a node our pods run on changed."""
-        fresh = {r.name: r for r in map(node_record, nodes)}
+    def replace_nodes(self, nodes: Iterable[Any]) -> bool:
+        """A complete list of nodes, less the malformed ones; True if a node our pods run on changed."""
+        fresh = self._read_all("node", nodes)
         ours = {p.node for p in self.pods.values()}
         changed = any(fresh.get(n) != self.nodes.get(n) for n in ours)
         self.nodes = fresh
         return self._bump(changed)
 
-    def apply_node(self, kind: str, node: Mapping[str, Any]) -> bool:
-        """One watch event for a node; True if one of our pods runs there and its taints or cordon changed."""
-        record = node_record(node)
-        old = self.nodes.get(record.name)
-        if kind == "DELETED":
-            self.nodes.pop(record.name, None)
-        else:
-            self.nodes[record.name] = record
-        if old == (None if kind == "DELETED" else record):
+    def apply_node(self, kind: str, node: Any) -> bool:
+        """One watch event for a node; True if one of our pods runs there and its taints or cordon changed. A
+        malformed node is dropped, if its name can be read."""
+        record, name = self._record("node", node)
+        if name is None:
             return False
-        return self._bump(any(p.node == record.name for p in self.pods.values()))
+        old = self.nodes.get(name)
+        if kind == "DELETED" or record is None:
+            self.nodes.pop(name, None)
+            record = None
+        else:
+            self.nodes[name] = record
+        if old == record:
+            return False
+        return self._bump(any(p.node == name for p in self.pods.values()))
+
+    def _record(self, kind: str, obj: Any) -> tuple[Any, str | None]:
+        """(the record, its key: a pod's uid, a node's name) of one object from the API server.
+
+        (None, the key or None if even that does not read) for a malformed object (:class:`MalformedObject`):
+        it is left out, with one WARNING that names it and the field, again only if it changes or comes back
+        after it was sent readable. A pod or node that does not read is one object the API server (or a proxy)
+        got wrong: failing the list or the watch for it would leave the whole view stale and end a healthy
+        job (a watch resumed from its kept version is sent the same event again)."""
+        try:
+            record = pod_record(obj, **self._read_pod) if kind == "pod" else node_record(obj)
+        except MalformedObject as exc:
+            if self._malformed.get((kind, exc.key)) != str(exc):
+                self._malformed[(kind, exc.key)] = str(exc)
+                _log.warning("%s: %s (from the API server); %s", self.label, exc, _LEFT_OUT[kind])
+            return None, exc.key
+        key = record.uid if isinstance(record, PodRecord) else record.name
+        self._malformed.pop((kind, key), None)
+        return record, key
+
+    def _read_all(self, kind: str, objs: Iterable[Any]) -> dict[str, Any]:
+        """A complete list's records by key, the malformed objects left out; those of ``kind`` no longer in
+        the list are forgotten (warned again if they come back)."""
+        fresh, bad = {}, set()
+        for obj in objs:
+            record, key = self._record(kind, obj)
+            if record is None:
+                bad.add((kind, key))
+            else:
+                fresh[key] = record
+        self._malformed = {k: v for k, v in self._malformed.items() if k[0] != kind or k in bad}
+        return fresh
 
     def _bump(self, changed: bool) -> bool:
         if changed:

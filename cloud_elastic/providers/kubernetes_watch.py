@@ -27,8 +27,12 @@ list to the view, then watches from the list's ``resourceVersion``:
   (:class:`WatchOverdue`), so the watch reconnects (after the back-off below);
 * a line that is not a watch event (a JSON object whose ``type`` is
   ``ADDED``, ``MODIFIED``, ``DELETED``, ``BOOKMARK`` or ``ERROR``: say a List,
-  from a proxy that dropped ``?watch=true``, or an HTML page) is a failure
+  from a proxy that dropped ``?watch=true``, or an HTML page), or a line
+  longer than :data:`MAX_LINE`, is a failure
   too (:class:`NotAnEvent`, one WARNING an outage), not a sign of health;
+  the stream is read in pieces of 64 KiB whatever the server sends (a
+  chunk that says it is huge, an answer that is not chunked), so a line is
+  refused once it passes the bound, not once it has all come;
 * ``410 Gone`` (the kept version is older than the server's history, sent as
   an ``ERROR`` event or as the status of the request) relists: the view is
   replaced by the fresh list, so what happened in the gap is neither missed
@@ -67,6 +71,9 @@ pages (:class:`ListTooLarge`), each page at most :data:`MAX_PAGE` bytes
 being read at that deadline is shut, so a body that trickles in (a byte a
 second resets any read timeout) ends there too. An API server (or something
 posing as one) that never ends a list costs one error, not the driver's memory.
+A page of the wrong shape (not JSON, its ``items`` not a list) is a
+:class:`~cloud_elastic.providers.kubernetes_view.MalformedObject` naming the
+field; one malformed object in it is the view's to leave out.
 
 Events are parsed as plain JSON, not into the client's models: the view reads
 a few fields, and building a ``V1Pod`` costs far more than reading it.
@@ -85,6 +92,7 @@ from typing import Any, Callable, Mapping
 from cloud_elastic.providers.api import MAX_HOSTS
 from cloud_elastic.providers.kubernetes_stream import (MAX_LINE, NotAnEvent, _close, _describe, _lines,  # noqa: F401
                                                       _parse, _shut)
+from cloud_elastic.providers.kubernetes_view import Fields, MalformedObject, shown
 
 __all__ = ["ResourceWatch", "Gone", "ListTooLarge", "ListTooSlow", "NotAnEvent", "WatchOverdue", "PAGE_SIZE",
            "silence_s", "asked_s", "keepalive_options"]
@@ -279,18 +287,28 @@ class ResourceWatch:
                 raise self._too_slow(pages)
             resp = self._call(limit=PAGE_SIZE, _preload_content=False, _request_timeout=min(self._timeout_s, left),
                               **self._selection(), **extra)
-            page = json.loads(self._page(resp, deadline, pages))
-            items.extend(page.get("items") or ())
+            fields, meta = self._read_page(self._page(resp, deadline, pages), items)
             if len(items) > MAX_ITEMS:
                 raise ListTooLarge(f"listing {self.what}: more than {MAX_ITEMS} objects, the most one list keeps "
                                    f"({self._narrow})")
-            meta = page.get("metadata") or {}
-            version = version or str(meta.get("resourceVersion") or "")
-            token = meta.get("continue")
+            version = version or fields.get(meta, "metadata", "resourceVersion", str, "")
+            token = fields.get(meta, "metadata", "continue", str)
             if not token:
                 return items, version
         raise ListTooLarge(f"listing {self.what}: no end after {MAX_PAGES} pages ({len(items)} objects): the API "
                            "server keeps sending a continue token")
+
+    def _read_page(self, body: bytes, items: list) -> tuple[Fields, Mapping[str, Any]]:
+        """A page's items added to ``items`` (each read by the view: one that is malformed is left out there);
+        the page's fields and its metadata. MalformedObject, naming the field, for a page of the wrong shape."""
+        context = f"listing {self.what}: "
+        try:
+            page = json.loads(body)
+        except ValueError as exc:
+            raise MalformedObject(f"{context}a page that is not JSON ({shown(body, 60)}: {exc})") from None
+        fields = Fields("page", page, context)
+        items.extend(fields.get(page, "", "items", list, []))
+        return fields, fields.get(page, "", "metadata", Mapping, {})
 
     def _too_slow(self, pages: int) -> ListTooSlow:
         return ListTooSlow(f"listing {self.what}: no end within {LIST_TIMEOUTS * self._timeout_s:g} s "
@@ -537,12 +555,14 @@ class ResourceWatch:
 
     def _event(self, event: Mapping[str, Any]) -> None:
         kind = event.get("type")
-        obj = event.get("object") or {}
+        obj = event["object"]  # an object (a Status) in an ERROR or BOOKMARK; in a change, whatever came (_parse)
         if kind == "ERROR":
             if obj.get("code") == 410:
                 raise Gone()
             raise WatchError(f"{obj.get('code')} {obj.get('reason', '')}: {obj.get('message', '')}")
-        version = (obj.get("metadata") or {}).get("resourceVersion")
+        meta = obj.get("metadata") if isinstance(obj, Mapping) else None
+        version = meta.get("resourceVersion") if isinstance(meta, Mapping) else None
+        version = version if isinstance(version, str) else None  # an object that does not read: the view says so
         if kind in ("ADDED", "MODIFIED", "DELETED"):
             self.events += 1
             with self._lock:

@@ -18,7 +18,8 @@ With ``endless_lists``, every list's last page carries a ``continue`` token
 back to its first (an API server, or a stranger, whose list never ends).
 
 Tests script pods and nodes with the methods below (add, ready, restart,
-disrupt, delete with a grace period, vanish, taint, cordon), cut every open
+disrupt, delete with a grace period, vanish, taint, cordon, an event with a
+malformed object: :meth:`FakeKubernetes.send_malformed`), cut every open
 watch (:meth:`FakeKubernetes.cut_watches`), refuse new ones for a while
 (:meth:`FakeKubernetes.hold_watches`), silence them all
 (:meth:`FakeKubernetes.stall_watches`) and count requests with
@@ -39,7 +40,7 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import pytest
 
@@ -231,12 +232,16 @@ class FakeKubernetes(FakeCloud):
 
     # -- scripting -----------------------------------------------------------------------
 
-    def _emit(self, resource: str, kind: str, obj: Pod | Node) -> None:
+    def _emit(self, resource: str, kind: str, obj: Pod | Node, edit: Callable[[dict], Any] | None = None) -> None:
         with self._cond:
             self.rv += 1
             obj.version = self.rv
             ns = obj.namespace if isinstance(obj, Pod) else None
-            self._history.append((self.rv, resource, ns, kind, obj.json()))
+            body = obj.json()
+            if edit is not None:
+                edited = edit(body)
+                body = body if edited is None else edited
+            self._history.append((self.rv, resource, ns, kind, body))
             self._versions.append(self.rv)
             self._cond.notify_all()
 
@@ -255,6 +260,15 @@ class FakeKubernetes(FakeCloud):
                 setattr(pod, key, value)
             self._emit("pods", "MODIFIED", pod)
         return pod
+
+    def send_malformed(self, resource: str, name: str, edit: Callable[[dict], Any], namespace: str = "default") -> None:
+        """A MODIFIED event for the pod (``resource`` ``pods``) or node ``name`` whose object is its JSON as
+        ``edit(json)`` returns it (or leaves it, edited in place, when that returns None): what a broken API server
+        or proxy might send. The object itself is unchanged, so its next change sends it readable again; lists
+        are unchanged. One whose labels do not read reaches every watch of its kind (and namespace)."""
+        with self._cond:
+            obj = self.pods[(namespace, name)] if resource == "pods" else self.nodes[name]
+            self._emit(resource, "MODIFIED", obj, edit)
 
     def restart(self, name: str, namespace: str = "default") -> Pod:
         """The worker container restarted (restartCount + 1); the pod keeps its uid and IP."""
@@ -453,8 +467,10 @@ class FakeKubernetes(FakeCloud):
                     self._cond.wait(min(1.0, max(0.01, deadline - time.monotonic())))
                 position = self.rv
             for rv, kind_of, where, kind, obj in fresh:
-                labels = obj["metadata"].get("labels") or {}
-                if kind_of == resource and (ns is None or where == ns) and match(labels):
+                meta = obj.get("metadata") if isinstance(obj, dict) else None
+                labels = meta.get("labels") or {} if isinstance(meta, dict) else None
+                if kind_of == resource and (ns is None or where == ns) and (not isinstance(labels, dict)
+                                                                            or match(labels)):
                     yield _line({"type": kind, "object": obj})
             if not fresh:  # the watch's timeoutSeconds: a bookmark, then the end of the stream
                 if bookmarks:

@@ -50,6 +50,10 @@ class Reply:
     #: A streamed body (a long-lived watch): each item is sent as one HTTP chunk as it comes.
     #: The iterator raising :class:`CutStream` drops the connection without the final chunk.
     stream: Any = None
+    #: With ``framed``, the stream's items are written as they are, after the status line and ``headers`` alone,
+    #: and the connection closes at its end: the test frames the body itself (a chunk that says it is larger than
+    #: what follows, a body with no chunked encoding that ends when the connection closes).
+    framed: bool = False
 
 
 @dataclass
@@ -151,16 +155,18 @@ class FakeCloud:
 
             def _stream(self, reply: Reply) -> None:
                 self.send_response(reply.status)
-                for key, value in {"Content-Type": "application/json", **reply.headers,
-                                   "Transfer-Encoding": "chunked"}.items():
+                framing = {} if reply.framed else {"Transfer-Encoding": "chunked"}
+                for key, value in {"Content-Type": "application/json", **reply.headers, **framing}.items():
                     self.send_header(key, value)
                 self.end_headers()
+                self.close_connection = self.close_connection or reply.framed
                 try:
                     for chunk in reply.stream:
                         if chunk:
-                            self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                            self.wfile.write(chunk if reply.framed else b"%x\r\n%s\r\n" % (len(chunk), chunk))
                             self.wfile.flush()
-                    self.wfile.write(b"0\r\n\r\n")
+                    if not reply.framed:
+                        self.wfile.write(b"0\r\n\r\n")
                 except CutStream:
                     self.close_connection = True
                     try:

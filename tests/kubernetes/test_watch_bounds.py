@@ -22,7 +22,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from cloud_elastic.errors import FatalDiscoveryError, RetryableDiscoveryError
-from cloud_elastic.providers.kubernetes_watch import MAX_ITEMS, PAGE_SIZE
+from cloud_elastic.providers.kubernetes_watch import MAX_ITEMS, MAX_LINE, PAGE_SIZE
 from tests.emulator.fake_kubernetes import TOKEN, kubernetes, kubernetes_options, kubernetes_server  # noqa: F401
 from tests.emulator.fixtures import hermetic_cloud_env, provider  # noqa: F401
 from tests.emulator.httpfake import CutStream, Reply
@@ -39,6 +39,19 @@ def _pod_watches(kubernetes, ns: str) -> int:
 
 def _pod_lists(kubernetes, ns: str) -> int:
     return kubernetes.count(f"/namespaces/{ns}/pods$")
+
+
+def _deletion_seen_past(kubernetes, watched, ns: str, ip: str, over: threading.Event) -> None:
+    """Pod p0 of ``ns`` (at ``ip``), deleted while the first pods watch of ``ns`` is a bad one, is seen deleted
+    through a later watch; ``over`` is set at the end, whatever happened."""
+    try:
+        w = watched(ns, watch_s="1", stale_after_s="30")  # timeoutSeconds 1: cut 4 s after it opened
+        kubernetes.delete_pod("p0", grace_s=120, namespace=ns)  # what the bad stream never brings
+        snapshot = _find_until(w.discovery, lambda r: not isinstance(r, Exception) and ip in r.draining,
+                               "the deletion, through a new watch", 20)
+    finally:
+        over.set()
+    assert snapshot.draining[ip].reason == "pod deleted"
 
 
 def _trickle(over: threading.Event, data: bytes, every_s: float):
@@ -65,14 +78,7 @@ def test_a_watch_that_trickles_is_cut_and_reopened_and_the_change_behind_it_is_s
         return serve(request, resource, where, match)
 
     monkeypatch.setattr(kubernetes, "_watch", proxy)
-    try:
-        w = watched(ns, watch_s="1", stale_after_s="30")  # timeoutSeconds 1: cut 4 s after it opened
-        kubernetes.delete_pod("p0", grace_s=120, namespace=ns)  # what the trickling stream never brings
-        snapshot = _find_until(w.discovery, lambda r: not isinstance(r, Exception) and "10.76.0.1" in r.draining,
-                               "the deletion, through a new watch", 20)
-    finally:
-        over.set()
-    assert snapshot.draining["10.76.0.1"].reason == "pod deleted"
+    _deletion_seen_past(kubernetes, watched, ns, "10.76.0.1", over)
     assert len(trickled) == 1 and _pod_watches(kubernetes, ns) >= 2
 
 
@@ -137,6 +143,51 @@ def test_watches_answered_410_after_each_relist_relist_with_back_off_and_the_vie
     warned = [r for r in caplog.records if r.levelno == logging.WARNING and "410 Gone" in r.getMessage()]
     assert len(warned) == 1 and warned[0].getMessage().startswith("pods watch: 3 watches in a row"), caplog.text
     w.discovery.find()  # with the defaults the back-off stays inside the silence bound: no outage reported
+
+
+def _flood(head: bytes, total: int, sent: list[int], over: threading.Event):
+    """``head``, then ``total`` bytes with no newline in 64 KiB pieces (``sent`` counts those written), then
+    silence until ``over``."""
+    yield head
+    piece = b"x" * (1 << 16)
+    for _ in range(total // len(piece)):
+        yield piece
+        sent[0] += len(piece)  # the server asks for the next piece once this one is written
+    over.wait(30)
+    raise CutStream()
+
+
+#: One chunk that says it is 1 GiB long, or a body with no chunked encoding, ended only by the connection's close.
+_HUGE = {"one-huge-chunk": ({"Transfer-Encoding": "chunked"}, b"%x\r\n" % (1 << 30)),
+         "no-chunked-encoding": ({"Connection": "close"}, b"")}
+
+
+@pytest.mark.parametrize("how", list(_HUGE))
+def test_a_watch_line_past_the_bound_is_refused_after_reading_little_more_and_the_watch_goes_on(
+        kubernetes, watched, monkeypatch, caplog, how):
+    ns = f"ns-flood-{how}"
+    kubernetes.add_pod("p0", "10.80.0.1", namespace=ns, node="flood-n")
+    serve, over, sent, flooded = kubernetes._watch, threading.Event(), [0], []
+    headers, head = _HUGE[how]
+    total = 32 * MAX_LINE  # 128 MiB, sent as fast as the driver reads it
+
+    def proxy(request, resource, where, match):  # the first pods watch of this namespace floods
+        if resource == "pods" and where == ns and not flooded:
+            flooded.append(request)
+            return Reply(200, headers=headers, framed=True, stream=_flood(head, total, sent, over))
+        return serve(request, resource, where, match)
+
+    caplog.set_level(logging.INFO, logger="cloud_elastic.providers.kubernetes_watch")
+    monkeypatch.setattr(kubernetes, "_watch", proxy)
+    _deletion_seen_past(kubernetes, watched, ns, "10.80.0.1", over)
+    # Read whole, the driver held all of it (512 MiB in 0.5 s, review s62 rvH2). Now: the line bound and a piece,
+    # plus what the sockets' buffers took before the connection was closed (Linux grows a receive buffer up to
+    # tcp_rmem's 32 MiB at most, a send buffer to 4 MiB): 6-10 MiB seen here.
+    assert sent[0] <= 12 * MAX_LINE, f"{sent[0] >> 20} MiB sent before the driver let go"
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warned == [f"pods watch: NotAnEvent: the watch was answered with a line longer than {MAX_LINE} bytes, "
+                      "which no watch event is (the API server keeps an object under 1.5 MiB); retrying with "
+                      "back-off, and no change reaches the view until a watch is answered with events"], caplog.text
 
 
 class _TrickledList(BaseHTTPRequestHandler):

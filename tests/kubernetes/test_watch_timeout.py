@@ -39,6 +39,8 @@ class Ended:
     client's read timeout ``read_s`` is shorter: then the read fails at it, as urllib3's does. ``during()`` is
     called just before the end (or the read timeout)."""
 
+    chunked = True  # as the API server sends a watch
+
     def __init__(self, clock: SimpleNamespace, held_s: float, read_s: float, during) -> None:
         self.clock, self.held_s, self.read_s, self.during = clock, held_s, read_s, during
 

@@ -29,6 +29,8 @@ pytestmark = pytest.mark.timeout(30)
 class Stream:
     """The bytes of a watch response, in the chunks the connection delivered them."""
 
+    chunked = True  # as the API server sends a watch
+
     def __init__(self, chunks: list[bytes]) -> None:
         self.chunks = chunks
 

@@ -254,6 +254,8 @@ class _WatchRequest:
         return self
 
     # The response, as the watch reads it.
+    chunked = True
+
     def stream(self, amt=None, decode_content=False):
         self.streaming.set()
         self._ended.wait()
