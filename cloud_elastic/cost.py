@@ -1,7 +1,7 @@
-"""What a job costs: dollars integrated over the slot-hours its workers occupy.
+"""What a job costs: dollars integrated over the slot-hours it pays for (its workers', and free ones it raised).
 
 :class:`CostMeter` is pure (time is passed in): at each call of :meth:`CostMeter.advance`
-the job says, per source, how many of its worker slots are held and at what price
+the job says, per source, how many slots it holds and at what price
 per slot-hour; the meter charges the time since the previous call at the previous
 rates (rates change only at those calls, so the integral is exact for a job whose
 workers start and stop at them).
@@ -9,7 +9,9 @@ workers start and stop at them).
 What counts: a slot counts from its worker's launch to its exit, at its host's
 price; a slot whose host has no known price counts in ``unpriced_slot_hours``,
 never as free: it is in no source's ``by_source`` and not in ``fallback_only``. Idle
-capacity of a group (hosts no worker uses) is not the job's cost and is not counted.
+capacity of a group (hosts no worker uses) is not the job's cost, but for the groups the job raised
+(``--manage-capacity``): their free slots are charged too, and counted apart in ``idle_slot_hours``
+(which slots: :mod:`cloud_elastic.driver.job.paid`).
 ``fallback_only`` is what the same priced slot-hours would have cost at the fallback
 source's price (so ``dollars`` and ``fallback_only`` compare like with like).
 
@@ -39,6 +41,9 @@ class CostSummary:
     fallback_only: float | None
     #: Dollars spent per source name (a source none of whose slots had a price is not in it).
     by_source: Mapping[str, float] = field(default_factory=dict)
+    #: Of ``slot_hours``, those of slots no worker used on hosts of a group the job raised (this driver's: a
+    #: crashed predecessor's are in its carried dollars and slot-hours, not here).
+    idle_slot_hours: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -67,6 +72,8 @@ class CostMeter:
         self._rates: dict[str, float] = {}  # source -> dollars per hour now
         self._slots = 0  # slots held now
         self._unpriced = 0  # of them, without a price
+        self._idle = 0  # of them, no worker's
+        self.idle_slot_hours = 0.0
         self.dollars = 0.0
         self.slot_hours = 0.0
         self.unpriced_slot_hours = 0.0
@@ -74,9 +81,9 @@ class CostMeter:
         #: The fallback source's price per slot-hour, as last known (None: never known).
         self.fallback_price: float | None = None
 
-    def advance(self, now: float, held: Mapping[str, tuple[int, float, int]]) -> None:
+    def advance(self, now: float, held: Mapping[str, tuple[int, float, int]], idle: int = 0) -> None:
         """Charge up to ``now`` at the old rates, then take ``held``: source -> (slots held, dollars per hour of
-        them, slots of them without a price)."""
+        them, slots of them without a price); ``idle``: how many of the slots held no worker uses."""
         if self._last is not None and now > self._last:
             hours = (now - self._last) / 3600.0
             for source, rate in self._rates.items():
@@ -85,11 +92,13 @@ class CostMeter:
                 self.by_source[source] = self.by_source.get(source, 0.0) + spent
             self.slot_hours += self._slots * hours
             self.unpriced_slot_hours += self._unpriced * hours
+            self.idle_slot_hours += self._idle * hours
         if self._last is None or now >= self._last:
             self._last = now
         self._rates = {source: rate for source, (slots, rate, unpriced) in held.items() if slots > unpriced}
         self._slots = sum(slots for slots, _, _ in held.values())
         self._unpriced = sum(unpriced for _, _, unpriced in held.values())
+        self._idle = idle
 
     def carry(self, before: CostSoFar) -> None:
         """Count ``before`` (what the job cost under an earlier driver) as spent: the figures go on from it."""
@@ -112,7 +121,7 @@ class CostMeter:
         fallback = None if self.fallback_price is None else self.fallback_price * priced
         return CostSummary(dollars=self.dollars, dollars_per_hour=self.dollars_per_hour, slot_hours=self.slot_hours,
                            unpriced_slot_hours=self.unpriced_slot_hours, fallback_only=fallback,
-                           by_source=dict(self.by_source))
+                           by_source=dict(self.by_source), idle_slot_hours=self.idle_slot_hours)
 
 
 def format_dollars(value: float) -> str:

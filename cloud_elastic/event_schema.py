@@ -100,11 +100,12 @@ SCHEMA: dict[str, EventKind] = {k.name: k for k in (
           {"source": (str,), "hosts": (int,)}, {"reason": (str,)}),
     _kind("cost", "what the job has cost so far (several host sources with prices)",
           {"dollars": _NUM, "dollars_per_hour": _NUM, "slot_hours": _NUM},
-          {"unpriced_slot_hours": _NUM, "per_step": _OPT_NUM, "fallback_slots": (int,), "by_source": (dict,)}),
+          {"unpriced_slot_hours": _NUM, "idle_slot_hours": _NUM, "per_step": _OPT_NUM, "fallback_slots": (int,),
+           "by_source": (dict,)}),
     _kind("job_finished", "the job ended",
           {"outcome": (str,), "exit_code": (int,), "resets": (int,), "wall_s": _NUM},
           {"reason": (str,), "cost": _NUM, "cost_fallback_only": _OPT_NUM, "slot_hours": _NUM,
-           "unpriced_slot_hours": _NUM, "cost_per_step": _OPT_NUM}),
+           "unpriced_slot_hours": _NUM, "idle_slot_hours": _NUM, "cost_per_step": _OPT_NUM}),
 )}
 
 #: Names every event carries; a field may not reuse them.

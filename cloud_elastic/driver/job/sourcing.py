@@ -46,7 +46,8 @@ Only for a job with several sources (``Policy.sources``, see
   predecessor raised (:meth:`Sourcing.inherit`, kept beside the checkpoints: ``raised(sent=True)``, a group set
   back to 0 until the cloud has taken the 0).
 * **Cost** (:class:`~cloud_elastic.cost.CostMeter`): each worker's slot is charged at
-  its host's price from launch to exit; a ``cost`` event at most every
+  its host's price from launch to exit, and so is each slot no worker uses on the hosts of a fallback group the
+  job raised, up to the capacity it asked (:mod:`.paid`: the job asked for them); a ``cost`` event at most every
   :data:`COST_EVENT_EVERY_S` while the rate changes, and at least every
   :data:`COST_EVENT_MAX_S`. The meter moves at each :meth:`Sourcing.step` and each
   :meth:`Sourcing.charge`, which the driver calls at every tick (a fixed-size job's
@@ -68,6 +69,7 @@ from typing import Callable, Mapping
 from cloud_elastic.cost import CostMeter, CostSoFar, CostSummary
 from cloud_elastic.driver.job.actions import Phase, SetCapacity
 from cloud_elastic.driver.job.hosts import HostManager, Slot
+from cloud_elastic.driver.job.paid import IdleWatch, paid
 from cloud_elastic.driver.job.spares import doubtful
 from cloud_elastic.driver.job.view import JobView
 from cloud_elastic.driver.job.workers import WorkerRecord, WorkerState
@@ -181,7 +183,9 @@ class Sourcing:
                                                                                  s.price or 0.0))
                            if s.fallback]
         self._held_key: tuple = ()
-        self._held: dict[str, tuple[int, float, int]] = {}
+        self._held: Mapping[str, tuple[int, float, int]] = {}
+        self._idle_slots = 0  # of the slots held, those of raised fallback hosts that no worker uses (.paid)
+        self._idle = IdleWatch()  # the hosts of those slots, named once they stay so
         self._cost_at = float("-inf")  # when the last cost event was emitted
         self._cost_rate = -1.0
         self._carried: float | None = None  # dollars carried from crashed predecessors: not this run's
@@ -502,31 +506,26 @@ class Sourcing:
 
     # -------------------------------------------------------------------- cost
     def charge(self, now: float) -> None:
-        """Charge the workers alive now up to ``now``, and emit a ``cost`` event when one is due."""
+        """Charge what the job pays for now (:mod:`.paid`: its workers, and the free slots of the fallback hosts it
+        raised) up to ``now``, and emit a ``cost`` event when one is due."""
         if not self.specs:
             return
         job = self._job
         hosts = job.hosts
         alive = job.alive()
-        key = (hosts.version, len(job.workers), len(alive))
+        raised = {name: n for name, n in self.raised().items() if self._sent(name)}
+        key = (hosts.version, len(job.workers), len(alive), tuple(raised.items()))
         if key != self._held_key:
             self._held_key = key
-            held: dict[str, list] = {}
-            for w in alive:
-                source, price = self._known.get(w.slot.host, ("", None))
-                entry = held.setdefault(source, [0, 0.0, 0])
-                entry[0] += 1
-                if price is None:
-                    entry[2] += 1
-                else:
-                    entry[1] += price
-            self._held = {s: (n, rate, unpriced) for s, (n, rate, unpriced) in held.items()}
+            now_paid = paid(alive, hosts, self._known, raised)
+            self._held, self._idle_slots, self._idle.idle = now_paid.held, now_paid.idle_slots, now_paid.idle
             fallback_prices = [p for h, (s, p) in self._known.items() if s in self._fallbacks and p is not None]
             fallback_spec = next((self.specs[n].price for n in self._fallbacks if self.specs[n].price is not None),
                                  None)
             if fallback_spec is not None or fallback_prices:
                 self.cost.fallback_price = fallback_spec if fallback_spec is not None else max(fallback_prices)
-        self.cost.advance(now, self._held)
+        self._idle.say(job.job_id, now)
+        self.cost.advance(now, self._held, self._idle_slots)
         rate = self.cost.dollars_per_hour
         if (rate != self._cost_rate and now - self._cost_at >= COST_EVENT_EVERY_S) or \
                 now - self._cost_at >= COST_EVENT_MAX_S:
@@ -543,7 +542,7 @@ class Sourcing:
 
     def summary(self, now: float) -> CostSummary:
         """The cost so far, charged up to ``now``."""
-        self.cost.advance(now, self._held)
+        self.cost.advance(now, self._held, self._idle_slots)
         return self.cost.summary()
 
     def per_commit(self, s: CostSummary) -> PerCommit:
@@ -563,5 +562,6 @@ class Sourcing:
         per = self.per_commit(s).value
         self._job.emit("cost", dollars=round(s.dollars, 6), dollars_per_hour=round(s.dollars_per_hour, 6),
                        slot_hours=round(s.slot_hours, 6), unpriced_slot_hours=round(s.unpriced_slot_hours, 6),
+                       idle_slot_hours=round(s.idle_slot_hours, 6),
                        fallback_slots=self.wanted, per_step=None if per is None else round(per, 8),
                        by_source={k: round(v, 6) for k, v in s.by_source.items()})

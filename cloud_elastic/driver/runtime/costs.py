@@ -41,7 +41,7 @@ def final_cost(job: ElasticJob, now: float) -> FinalCost:
     per_step = per.value
     fields = {"cost": round(s.dollars, 6), "cost_fallback_only": None if s.fallback_only is None
               else round(s.fallback_only, 6), "slot_hours": round(s.slot_hours, 6),
-              "unpriced_slot_hours": round(s.unpriced_slot_hours, 6),
+              "unpriced_slot_hours": round(s.unpriced_slot_hours, 6), "idle_slot_hours": round(s.idle_slot_hours, 6),
               "cost_per_step": None if per_step is None else round(per_step, 8)}
     line = f"job {job.job_id}: cost {format_dollars(s.dollars)} for {s.slot_hours:.3f} slot-hour(s)"
     if per_step is not None:
@@ -49,6 +49,9 @@ def final_cost(job: ElasticJob, now: float) -> FinalCost:
         if per.carried:
             line += f" for this driver's {format_dollars(per.dollars)}, not the cost carried from before it"
         line += ")"
+    if round(s.idle_slot_hours, 3) > 0:
+        line += (f"; {s.idle_slot_hours:.3f} of the slot-hour(s) were on hosts of a fallback group the job raised "
+                 "that ran no worker there")
     if s.unpriced_slot_hours > 0:
         line += f"; {s.unpriced_slot_hours:.3f} slot-hour(s) had no known price and are not in it"
     if s.fallback_only is not None:
