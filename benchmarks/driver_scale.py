@@ -485,8 +485,9 @@ def table(res: dict) -> str:
         lines.append("| the same, one slot a host | " + ", ".join(
             f"{int(n):,} hosts: {ms(t)}" for n, t in res["one_slot_rounds"].items()) + " |")
     if res.get("reply_bytes"):
-        lines.append("| the largest assignment sent (bytes, signed JSON) | " + ", ".join(
-            f"{key.replace('x', ' workers, ')} a host: {size:,}" for key, size in res["reply_bytes"].items()) + " |")
+        lines.append("| the largest assignment sent (signed JSON), by workers and slots a host | " + ", ".join(
+            f"{int(key.split('x')[0]):,} × {key.split('x')[1]}: {size:,} B" for key, size in res["reply_bytes"].items())
+            + " |")
     for n, st in res["steady"].items():
         lines.append(f"| at {int(n):,} running workers: discovery + planning cycle, loop tick, first cycle (plans "
                      f"every launch) | {ms(st['cycle_s'])}, {ms(st['tick_s'])}, {ms(st['first_cycle_s'])} |")
