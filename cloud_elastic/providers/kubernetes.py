@@ -35,7 +35,11 @@ API server, 429 and 5xx are retryable. Nodes that may not be read (403) are
 not fatal: one warning, and the job goes on without node signals (pod signals
 still work). A pod or node of the wrong shape (a field of a type the API never
 sends) is one warning naming it and the field, and is left out; a list page of
-the wrong shape is retryable, in one line naming the field. A list is bounded (see the watch module): more than
+the wrong shape is retryable, in one line naming the field. Of an error answer
+(not 2xx) to a list or a watch, at most 64 KiB of the body is read
+(:class:`~cloud_elastic.providers.kubernetes_stream.BoundedErrors`), within
+``timeout_s``: the client would read all of it, however large. A list is
+bounded (see the watch module): more than
 ``MAX_HOSTS`` objects, 100 pages or a 64 MiB page is fatal (a cluster of more
 nodes than that needs ``node_selector``, and the error says so), one that has
 not ended within 6 × ``timeout_s`` on the wall clock is retryable.
@@ -85,6 +89,7 @@ from typing import Any, Callable, Mapping
 from cloud_elastic.errors import ConfigError, DiscoveryError, FatalDiscoveryError, RetryableDiscoveryError
 from cloud_elastic.providers._common import CloudGroupProvider, OptionReader, error_for_status, one_line
 from cloud_elastic.providers.api import DiscoveredHosts, ProviderOption, parse_bool
+from cloud_elastic.providers.kubernetes_stream import BoundedErrors
 from cloud_elastic.providers.kubernetes_view import ClusterView
 from cloud_elastic.providers.kubernetes_watch import ListTooLarge, ResourceWatch, keepalive_options
 
@@ -249,7 +254,9 @@ class KubernetesPods(CloudGroupProvider):
             self.namespace = namespace or "default"
         cfg.socket_options = keepalive_options(self.sdk["urllib3"].connection.HTTPConnection.default_socket_options)
         self._server = cfg.host
-        return client.ApiClient(cfg)
+        api = client.ApiClient(cfg)
+        api.rest_client.pool_manager = BoundedErrors(api.rest_client.pool_manager, self.timeout_s)
+        return api
 
     def _context_namespace(self, config: Any, path: str) -> str | None:
         try:

@@ -1,14 +1,17 @@
-"""A Kubernetes watch's stream, read and parsed line by line, for ``kubernetes_watch.ResourceWatch``: bounded lines,
-one error for anything that is not a watch event, and a connection shut or closed so that it is never reused
-mid-stream."""
+"""A Kubernetes watch's stream, read and parsed line by line, for ``kubernetes_watch.ResourceWatch``: bounded
+pieces and lines, one error for anything that is not a watch event, a deadline on the wall clock
+(:class:`_Watchdog`), and a connection shut or closed so that it is never reused mid-stream. And
+:class:`BoundedErrors`, which reads at most :data:`MAX_ERROR_BODY` of an error answer's body, where the client
+would read all of it."""
 
 from __future__ import annotations
 
 import json
 import socket
+import threading
 from typing import Any, Iterator
 
-__all__ = ["MAX_LINE", "NotAnEvent"]
+__all__ = ["MAX_LINE", "MAX_ERROR_BODY", "NotAnEvent", "BoundedErrors"]
 
 #: The types of a watch event (``watch.EventType`` of the API machinery).
 _EVENT_TYPES = frozenset({"ADDED", "MODIFIED", "DELETED", "BOOKMARK", "ERROR"})
@@ -51,6 +54,43 @@ def _parse(line: bytes) -> dict[str, Any]:
         text = " ".join(line[:60].decode("utf-8", "replace").split())
         shown = repr(text) + ("..." if len(line) > 60 else "")
     raise NotAnEvent(f"the watch was answered with something that is not a watch event ({shown})")
+
+
+class _Watchdog:
+    """``with _Watchdog(resp, after_s):`` shuts ``resp``'s connection ``after_s`` after the block is entered, on
+    the wall clock, if the block is still running then.
+
+    A read timeout cannot bound a response: every byte resets it. Shutting the socket makes the read under way
+    return (end of file, or an error) at once. Once the block is left it never shuts anything, so a connection
+    handed back to the pool afterwards cannot be shut under the next request."""
+
+    def __init__(self, resp: Any, after_s: float) -> None:
+        self._resp = resp
+        self._after_s = max(0.0, after_s)
+        self._lock = threading.Lock()
+        self._done = False
+        self._timer: threading.Timer | None = None
+        #: Whether it shut the connection: what the read then raised (or the end it saw) is the deadline's doing.
+        self.fired = False
+
+    def __enter__(self) -> "_Watchdog":
+        self._timer = threading.Timer(self._after_s, self._fire)
+        self._timer.daemon = True
+        self._timer.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        with self._lock:
+            self._done = True
+        if self._timer is not None:
+            self._timer.cancel()
+
+    def _fire(self) -> None:
+        with self._lock:
+            if self._done:
+                return
+            self.fired = True
+            _shut(self._resp)
 
 
 def _close(resp: Any) -> None:
@@ -118,3 +158,52 @@ def _describe(exc: BaseException) -> str:
         return f"HTTP {status} {getattr(exc, 'reason', '') or ''}".strip()
     text = " ".join(str(exc).split())
     return f"{type(exc).__name__}: {text}"[:200] if text else type(exc).__name__
+
+
+#: The most of an error answer's body that is read: a Status is a few hundred bytes.
+MAX_ERROR_BODY = 64 * 1024
+
+
+class _ErrorAnswer:
+    """An error answer as the client's ``ApiException`` reads it (status, reason, ``data``, ``getheaders()``),
+    with at most :data:`MAX_ERROR_BODY` bytes of its body."""
+
+    def __init__(self, resp: Any, body: bytes) -> None:
+        self.status, self.reason, self.headers, self.data = resp.status, resp.reason, resp.headers, body
+
+    def getheaders(self) -> Any:
+        return self.headers
+
+
+class BoundedErrors:
+    """The client's pool manager (``ApiClient.rest_client.pool_manager``), with error answers bounded.
+
+    The client reads the whole body of an answer that is not 2xx into its ``ApiException`` (``http_resp.data``)
+    before the caller sees the answer, even with ``_preload_content=False``: a server that answers a list or a
+    watch 503 with 256 MiB made the driver hold all of it. Here such an answer has at most
+    :data:`MAX_ERROR_BODY` bytes of its body read, in pieces, within ``timeout_s`` on the wall clock (a body that
+    trickles in), and its connection is closed, never reused. Anything else is the pool manager's own."""
+
+    def __init__(self, pool: Any, timeout_s: float) -> None:
+        self._pool = pool
+        self._timeout_s = timeout_s
+
+    def request(self, method: str, url: str, *args: Any, **kwargs: Any) -> Any:
+        resp = self._pool.request(method, url, *args, **kwargs)
+        if kwargs.get("preload_content", True) or 200 <= resp.status <= 299:
+            return resp
+        body = bytearray()
+        try:
+            with _Watchdog(resp, self._timeout_s):
+                for piece in _pieces(resp):
+                    body += piece
+                    if len(body) > MAX_ERROR_BODY:
+                        break
+        except Exception:  # a body cut short (or shut at the deadline): what came of it is enough to report
+            pass
+        finally:
+            _close(resp)
+        return _ErrorAnswer(resp, bytes(body[:MAX_ERROR_BODY]))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._pool, name)

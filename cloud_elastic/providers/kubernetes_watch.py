@@ -91,7 +91,7 @@ from typing import Any, Callable, Mapping
 
 from cloud_elastic.providers.api import MAX_HOSTS
 from cloud_elastic.providers.kubernetes_stream import (MAX_LINE, NotAnEvent, _close, _describe, _lines,  # noqa: F401
-                                                      _parse, _shut)
+                                                      _parse, _shut, _Watchdog)
 from cloud_elastic.providers.kubernetes_view import Fields, MalformedObject, shown
 
 __all__ = ["ResourceWatch", "Gone", "ListTooLarge", "ListTooSlow", "NotAnEvent", "WatchOverdue", "PAGE_SIZE",
@@ -178,43 +178,6 @@ class ListTooSlow(Exception):
 class WatchOverdue(Exception):
     """A watch stream still open :func:`silence_s` after it opened (a trickle, a server that ignores
     ``timeoutSeconds``): cut, and retried with back-off like a cut connection."""
-
-
-class _Watchdog:
-    """``with _Watchdog(resp, after_s):`` shuts ``resp``'s connection ``after_s`` after the block is entered, on
-    the wall clock, if the block is still running then.
-
-    A read timeout cannot bound a response: every byte resets it. Shutting the socket makes the read under way
-    return (end of file, or an error) at once. Once the block is left it never shuts anything, so a connection
-    handed back to the pool afterwards cannot be shut under the next request."""
-
-    def __init__(self, resp: Any, after_s: float) -> None:
-        self._resp = resp
-        self._after_s = max(0.0, after_s)
-        self._lock = threading.Lock()
-        self._done = False
-        self._timer: threading.Timer | None = None
-        #: Whether it shut the connection: what the read then raised (or the end it saw) is the deadline's doing.
-        self.fired = False
-
-    def __enter__(self) -> "_Watchdog":
-        self._timer = threading.Timer(self._after_s, self._fire)
-        self._timer.daemon = True
-        self._timer.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        with self._lock:
-            self._done = True
-        if self._timer is not None:
-            self._timer.cancel()
-
-    def _fire(self) -> None:
-        with self._lock:
-            if self._done:
-                return
-            self.fired = True
-            _shut(self._resp)
 
 
 class ResourceWatch:

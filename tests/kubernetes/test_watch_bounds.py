@@ -8,6 +8,10 @@ body came a byte a second ran past 60 s against its documented 12 s bound; a wat
 each relist relisted ~15 times a second; a watch answered with a List (a proxy that drops ?watch=true) counted as
 healthy: 43 requests a second, a new pod never seen, no error. And a cluster of more nodes than a list keeps
 failed at start with no word of ``-o node_selector``.
+
+Review s62 rvH2: a watch was read a whole chunk at a time (or, not chunked, to its end), so a server that sent one
+huge line made the driver hold all of it (512 MiB in 0.5 s) before the line bound was checked; and the client reads
+the whole body of an error answer (a 503 with 256 MiB took the driver's RSS up by 512 MiB).
 """
 
 from __future__ import annotations
@@ -188,6 +192,49 @@ def test_a_watch_line_past_the_bound_is_refused_after_reading_little_more_and_th
     assert warned == [f"pods watch: NotAnEvent: the watch was answered with a line longer than {MAX_LINE} bytes, "
                       "which no watch event is (the API server keeps an object under 1.5 MiB); retrying with "
                       "back-off, and no change reaches the view until a watch is answered with events"], caplog.text
+
+
+@pytest.mark.parametrize("framing", ["content-length", "until-close"])
+def test_a_watch_answered_with_an_error_and_a_huge_body_reads_little_of_it_and_the_watch_goes_on(
+        kubernetes, watched, monkeypatch, framing):
+    ns = f"ns-error-body-{framing}"
+    kubernetes.add_pod("p0", "10.85.0.1", namespace=ns, node="error-body-n")
+    serve, over, sent, answered = kubernetes._watch, threading.Event(), [0], []
+    total = 32 * MAX_LINE
+    headers = {"Content-Length": str(total)} if framing == "content-length" else {"Connection": "close"}
+
+    def proxy(request, resource, where, match):  # the first pods watch of this namespace: 503, and 128 MiB
+        if resource == "pods" and where == ns and not answered:
+            answered.append(request)
+            return Reply(503, headers=headers, framed=True, stream=_flood(b"", total, sent, over))
+        return serve(request, resource, where, match)
+
+    monkeypatch.setattr(kubernetes, "_watch", proxy)
+    _deletion_seen_past(kubernetes, watched, ns, "10.85.0.1", over)
+    # The client read such a body whole into its error (256 MiB: RSS + 512 MiB with a Content-Length).
+    assert sent[0] <= 12 * MAX_LINE, f"{sent[0] >> 20} MiB sent before the driver let go"
+
+
+def test_a_list_answered_with_an_error_and_a_huge_body_fails_in_one_line_having_read_little(kubernetes, monkeypatch):
+    ns = "ns-error-body-list"
+    serve, over, sent = kubernetes._serve, threading.Event(), [0]
+
+    def proxy(request, resource, where):
+        if resource == "pods" and where == ns:
+            return Reply(503, headers={"Connection": "close"}, framed=True,
+                         stream=_flood(b"", 32 * MAX_LINE, sent, over))
+        return serve(request, resource, where)
+
+    monkeypatch.setattr(kubernetes, "_serve", proxy)
+    discovery = provider("kubernetes", kubernetes_options(kubernetes, ns))
+    try:
+        with pytest.raises(RetryableDiscoveryError, match="^kubernetes pods 'app=llm': listing pods: HTTP 503 ") as err:
+            discovery.find()
+    finally:
+        over.set()
+        discovery.close()
+    assert "\n" not in str(err.value) and len(str(err.value)) < 400
+    assert sent[0] <= 12 * MAX_LINE, f"{sent[0] >> 20} MiB sent before the driver let go"
 
 
 class _TrickledList(BaseHTTPRequestHandler):
