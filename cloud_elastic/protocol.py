@@ -32,12 +32,12 @@ Topology numbers (:class:`RankInfo`), as this project defines them:
 
 from __future__ import annotations
 
-import ipaddress
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Mapping
 
 from cloud_elastic.errors import ControlPlaneError
-from cloud_elastic.protocol_reports import StacksReport, fingerprint_field  # there: this module is at its size bound
+from cloud_elastic.protocol_reports import (  # there: this module is at its size bound
+    MAX_ADDRESSES, StacksReport, address_field, fingerprint_field)
 
 __all__ = [
     "RankInfo", "Assignment", "ExitOrder", "WaitReply", "RendezvousReply", "PollReply", "NextRound", "NextRoundReport",
@@ -105,18 +105,20 @@ class Assignment:
     #: The round is the planned one of this number (:class:`NextRound`): every member formed its group in the
     #: background, and switches to it instead of forming one (0: form the group now, as usual).
     planned: int = 0
+    #: Every member reads its peers' addresses in the round's store (``worker.rounds.peers``): write them there.
+    peers_in_store: bool = False
 
     def to_wire(self) -> dict[str, Any]:
-        return dict(asdict(self.ranks), status="assigned", round=self.round,
-                    needs_sync=self.needs_sync, update_gen=self.update_gen, from_checkpoint=self.from_checkpoint,
-                    planned=self.planned)
+        return dict(asdict(self.ranks), status="assigned", round=self.round, needs_sync=self.needs_sync,
+                    update_gen=self.update_gen, from_checkpoint=self.from_checkpoint, planned=self.planned,
+                    peers_in_store=self.peers_in_store)
 
     @classmethod
     def from_wire(cls, msg: Mapping[str, Any]) -> "Assignment":
         what = "rendezvous assignment"
         return cls(_int(msg, "round", what), _ranks(msg, what), _bool(msg, "needs_sync", what),
                    _int(msg, "update_gen", what), bool(msg.get("from_checkpoint", False)),
-                   _optional_int(msg, "planned", what))
+                   _optional_int(msg, "planned", what), msg.get("peers_in_store") is True)
 
 
 def _ranks(msg: Mapping[str, Any], what: str) -> RankInfo:
@@ -125,20 +127,6 @@ def _ranks(msg: Mapping[str, Any], what: str) -> RankInfo:
     if ranks.rank >= ranks.size or ranks.local_rank >= ranks.local_size or ranks.cross_rank >= ranks.cross_size:
         raise ControlPlaneError(f"malformed {what}: ranks out of range: {ranks}")
     return ranks
-
-
-MAX_ADDRESSES = 16  # the most IP addresses in each address list of a rendezvous request
-
-
-def _addresses(msg: Mapping[str, Any], name: str, what: str) -> tuple[str, ...]:
-    """``msg[name]``: at most :data:`MAX_ADDRESSES` IP addresses, in their canonical text (none when absent)."""
-    raw = msg.get(name) or []
-    if isinstance(raw, list) and len(raw) <= MAX_ADDRESSES and all(isinstance(a, str) for a in raw):
-        try:
-            return tuple(dict.fromkeys(str(ipaddress.ip_address(a)) for a in raw))
-        except ValueError:
-            pass
-    raise ControlPlaneError(f"malformed {what}: {name!r} must be a list of at most {MAX_ADDRESSES} IP addresses")
 
 
 @dataclass(frozen=True)
@@ -154,16 +142,18 @@ class NextRound:
     plan: int
     round: int
     ranks: RankInfo
+    peers_in_store: bool = False  # as in Assignment
 
     def to_wire(self) -> dict[str, Any]:
-        return dict(asdict(self.ranks), plan=self.plan, round=self.round)
+        return dict(asdict(self.ranks), plan=self.plan, round=self.round, peers_in_store=self.peers_in_store)
 
     @classmethod
     def from_wire(cls, msg: Any) -> "NextRound | None":
         if not isinstance(msg, Mapping):
             return None
         what = "next round"
-        return cls(_int(msg, "plan", what), _int(msg, "round", what), _ranks(msg, what))
+        return cls(_int(msg, "plan", what), _int(msg, "round", what), _ranks(msg, what),
+                   msg.get("peers_in_store") is True)
 
 
 @dataclass(frozen=True)
@@ -252,7 +242,8 @@ class RendezvousRequest:
     is False when its live state is not that commit and nothing it kept can restore it (a failure after an
     in-place update, see ``worker.ledger``): the driver must not take the state from it. ``unreachable``: the IP
     addresses its last round's group still tried to reach when it gave the formation up; ``addresses``: its own host's,
-    which its peers reach it at; the driver names the hosts behind the first by the second (``driver.job.partitions``).
+    which its peers reach it at (None: an older worker's, which reads no peer's in the store); the driver names the
+    hosts behind the first by the second (``driver.job.partitions``).
     ``trained``: the fingerprint of that commit's state ("": none; see ``driver.job.repeats.Trained``).
     """
 
@@ -264,12 +255,13 @@ class RendezvousRequest:
     holds_commit: bool = True
     unreachable: tuple[str, ...] = ()
     trained: str = ""
-    addresses: tuple[str, ...] = ()
+    addresses: tuple[str, ...] | None = None
 
     def to_wire(self) -> dict[str, Any]:
+        addresses = None if self.addresses is None else list(self.addresses[:MAX_ADDRESSES])
         return {"last_round": self.last_round, "reason": self.reason, "commits": self.commits, "rolled_back": self.rolled_back,
-                "commit_seq": self.commit_seq, "holds_commit": self.holds_commit, "trained": self.trained, "unreachable":
-                list(self.unreachable[:MAX_ADDRESSES]), "addresses": list(self.addresses[:MAX_ADDRESSES])}
+                "commit_seq": self.commit_seq, "holds_commit": self.holds_commit, "trained": self.trained,
+                "unreachable": list(self.unreachable[:MAX_ADDRESSES]), "addresses": addresses}
 
     @classmethod
     def from_wire(cls, msg: Mapping[str, Any]) -> "RendezvousRequest":
@@ -278,9 +270,10 @@ class RendezvousRequest:
             raise ControlPlaneError(f"malformed rendezvous request: reason must be one of {RENDEZVOUS_REASONS}, got {reason!r}")
         what = "rendezvous request"
         holds = True if msg.get("holds_commit") is None else _bool(msg, "holds_commit", what)  # older workers: True
-        return cls(_int(msg, "last_round", what), reason, _optional_int(msg, "commits", what), _optional_int(
-            msg, "rolled_back", what), _optional_int(msg, "commit_seq", what), holds, _addresses(msg, "unreachable", what),
-                   fingerprint_field(msg, what), _addresses(msg, "addresses", what))
+        return cls(_int(msg, "last_round", what), reason, _optional_int(msg, "commits", what),
+                   _optional_int(msg, "rolled_back", what), _optional_int(msg, "commit_seq", what), holds,
+                   address_field(msg, "unreachable", what) or (), fingerprint_field(msg, what),
+                   address_field(msg, "addresses", what))
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ beside that module, which is at its size bound.
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
@@ -17,7 +18,8 @@ from cloud_elastic.notices.api import KINDS as NOTICE_KINDS
 
 __all__ = ["CHECKPOINT_EVENTS", "CHECKPOINT_FAILURES", "CheckpointReport", "DrainRequest", "ExitingReport",
            "NOTICE_KINDS", "NoticeReport", "StacksReport", "UNTOLD", "UnhealthyReport", "driver_retrying",
-           "driver_unreachable", "fingerprint_field", "said_own_reason", "said_retrying", "said_unreachable"]
+           "driver_unreachable", "fingerprint_field", "said_own_reason", "said_retrying", "said_unreachable",
+           "MAX_ADDRESSES", "address_field"]
 
 #: What a durable checkpoint report says happened (kind ``checkpoint``): ``not_written`` is one attempt that failed
 #: in a way a later one may mend (storage trouble); the driver warns, and ends the job only by its own rule.
@@ -84,6 +86,24 @@ def _field(msg: Mapping[str, Any], name: str, what: str, kind: type, must: str, 
     if not isinstance(value, kind) or (kind is not str and isinstance(value, bool)) or (ok and not ok(value)):
         raise ControlPlaneError(f"malformed {what}: {name!r} must be {must}, got {value!r:.80}")
     return value
+
+
+#: The most IP addresses in each address list of a rendezvous request (``protocol.RendezvousRequest``).
+MAX_ADDRESSES = 16
+
+
+def address_field(msg: Mapping[str, Any], name: str, what: str) -> tuple[str, ...] | None:
+    """``msg[name]``: at most :data:`MAX_ADDRESSES` IP addresses in their canonical text, None when absent (an older
+    worker's); ControlPlaneError naming the field otherwise."""
+    raw = msg.get(name)
+    if raw is None:
+        return None
+    if isinstance(raw, list) and len(raw) <= MAX_ADDRESSES and all(isinstance(a, str) for a in raw):
+        try:
+            return tuple(dict.fromkeys(str(ipaddress.ip_address(a)) for a in raw))
+        except ValueError:
+            pass
+    raise ControlPlaneError(f"malformed {what}: {name!r} must be a list of at most {MAX_ADDRESSES} IP addresses")
 
 
 #: The fingerprint a worker reports once its state's attributes stood still over training: they do not tell its

@@ -343,7 +343,8 @@ class WorkerContext(NextGroupMixin, DriverLinkMixin, RoundGroupsMixin, ExitingMi
                 except OSError as exc:  # the driver went again: the next call rides it out like any other
                     log.warning("worker %s: re-registering failed (%s); retrying", self.worker_id, exc)
         info = RoundInfo(**vars(reply.ranks), round=reply.round, needs_sync=reply.needs_sync, update_gen=reply.update_gen,
-                         from_checkpoint=reply.from_checkpoint, planned=reply.planned)
+                         from_checkpoint=reply.from_checkpoint, planned=reply.planned,
+                         peers_in_store=reply.peers_in_store)
         ledger.rolled_back = 0
         if self.backend == "nccl" and info.local_rank != self.settings.slot:
             # The GPU is the slot; a driver that disagrees would move this worker's group off its model.

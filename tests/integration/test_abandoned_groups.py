@@ -157,7 +157,8 @@ def test_an_upload_opened_while_a_group_formed_is_not_cut_when_that_group_is_aba
             return ctx
 
         a, b = worker("a", "127.0.0.2"), worker("b", "127.0.0.3")
-        info = {r: RoundInfo(r, 2, 0, 1, r, 2, round=1, needs_sync=False, update_gen=0) for r in (0, 1)}
+        info = {r: RoundInfo(r, 2, 0, 1, r, 2, round=1, needs_sync=False, update_gen=0, peers_in_store=True)
+                for r in (0, 1)}
         started, go_on, result = threading.Event(), threading.Event(), {}
 
         def upload() -> None:

@@ -13,12 +13,14 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from cloud_elastic.control import round_namespace
 from cloud_elastic.protocol import Assignment, RankInfo, RendezvousRequest
 from cloud_elastic.worker.context import RoundInfo, WorkerContext
 from cloud_elastic.worker.rounds.groups import RoundStore
 from cloud_elastic.worker.rounds.peers import Peers, own_addresses
 from cloud_elastic.worker.rounds.signed_store import SignedStore
 from cloud_elastic.worker.settings import WorkerSettings
+from tests.unit.test_job import started
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -30,10 +32,11 @@ def server():
     return dist.TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=30), wait_for_workers=False)
 
 
-def _worker(server, name: str, host: str) -> WorkerContext:
+def _worker(server, name: str, host: str, **settings) -> WorkerContext:
     ctx = WorkerContext(WorkerSettings(
         standalone=False, driver_address="127.0.0.1:1", store_address=f"127.0.0.1:{server.port}", job_id="peers",
-        worker_id=name, hostname=host, secret=SECRET, backend="gloo", collective_timeout_s=30.0, malloc_tuning=False))
+        worker_id=name, hostname=host, secret=SECRET, backend="gloo", collective_timeout_s=30.0, malloc_tuning=False,
+        **settings))
     ctx._store = dist.TCPStore("127.0.0.1", server.port, None, False, timeout=timedelta(seconds=30))
     return ctx
 
@@ -41,7 +44,7 @@ def _worker(server, name: str, host: str) -> WorkerContext:
 def test_the_members_of_a_group_know_every_members_address_once_it_formed_and_it_works(server):
     hosts = ("127.0.0.2", "127.0.0.3", "127.0.0.4")
     workers = [_worker(server, f"w{rank}", host) for rank, host in enumerate(hosts)]
-    infos = [RoundInfo(r, 3, 0, 1, r, 3, round=1, needs_sync=False, update_gen=0) for r in range(3)]
+    infos = [RoundInfo(r, 3, 0, 1, r, 3, round=1, needs_sync=False, update_gen=0, peers_in_store=True) for r in range(3)]
     forming = [threading.Thread(target=w._form_group, args=(info,)) for w, info in zip(workers[1:], infos[1:])]
     for t in forming:
         t.start()
@@ -99,3 +102,57 @@ def test_a_workers_rendezvous_request_gives_its_hosts_addresses_and_the_ones_its
     request = RendezvousRequest.from_wire(sent[0])
     assert request.addresses == own_addresses("127.0.0.5") == ("127.0.0.5",)
     assert request.unreachable == ("127.0.0.9",)
+
+
+def _older_worker(server, rank: int, size: int, out: dict) -> None:
+    """A worker of a version before this change: plain signed values, whatever the store holds handed to Gloo."""
+    client = dist.TCPStore("127.0.0.1", server.port, None, False, timeout=timedelta(seconds=30))
+    opts = dist.ProcessGroupGloo._Options()
+    opts._timeout = timedelta(seconds=10)
+    opts._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
+    try:
+        store = SignedStore(client, round_namespace(SECRET, "peers", 1), SECRET)
+        pg = dist.ProcessGroupGloo(store, rank, size, opts)
+        store.set(f"formed/{rank}", b"1")  # as its own formation says it formed (groups._formed)
+        total = torch.ones(1)
+        pg.allreduce([total]).wait()
+        out["sum"] = total.item()
+    except (RuntimeError, ValueError) as exc:
+        out["error"] = str(exc)
+
+
+@pytest.mark.parametrize("told", [False, True], ids=["told-no", "told-yes"])
+def test_a_member_writes_its_addresses_only_when_told_every_member_reads_them(server, told):
+    """A round with an older worker (one that gave no addresses at rendezvous) is assigned without
+    ``peers_in_store``: the newer member writes plain values, and the group forms (its connections all count
+    as the group's). Told otherwise, the older member hands the envelope to Gloo and cannot form the group."""
+    older: dict = {}
+    thread = threading.Thread(target=_older_worker, args=(server, 1, 2, older))
+    thread.start()
+    newer = _worker(server, "w0", "127.0.0.1", group_form_timeout_s=5.0)
+    try:
+        newer._form_group(RoundInfo(0, 2, 0, 1, 0, 2, round=1, needs_sync=False, update_gen=0, peers_in_store=told))
+        newer.wait(newer.pg.allreduce([torch.ones(1)]), "allreduce")
+    except Exception as exc:  # noqa: BLE001 - told-yes: the newer side fails with its peer
+        assert told, exc
+    thread.join(30)
+    if told:
+        assert "error" in older, older
+        return
+    assert older == {"sum": 2.0}
+    assert newer._member_addresses(newer._group.store) is None
+    group, newer._group = newer._group, None
+    newer._reaper.release(group, after_s=0.0)
+    del group
+    assert newer._reaper.drain(10)
+
+
+def test_the_driver_tells_a_round_to_write_addresses_in_its_store_only_when_every_member_gave_its_own() -> None:
+    sim = started(2, {"a": 1, "b": 1}, min_np=1)  # Sim's workers give their host's address at rendezvous
+    assert sim.reply("a[0]").peers_in_store and sim.reply("b[0]").peers_in_store
+    older = sim.id("b[0]")  # back from a failure, as a worker of a version that gives none
+    sim.job.rendezvous(sim.id("a[0]"), 1, "failure", sim.now, addresses=("10.77.0.1",))
+    sim.job.rendezvous(older, 1, "failure", sim.now)
+    sim._collect()
+    assert sim.job.round == 2 and sim.reply("b[0]").ranks.size == 2
+    assert not sim.reply("a[0]").peers_in_store and not sim.reply("b[0]").peers_in_store

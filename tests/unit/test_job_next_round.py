@@ -42,6 +42,7 @@ def test_a_ready_newcomer_is_offered_a_planned_round_and_answered_at_once_while_
     newcomer = sim.reply("b[0]")  # answered at rendezvous with the planned round, before the running round stops
     assert isinstance(newcomer, Assignment) and (newcomer.round, newcomer.planned, newcomer.ranks.rank) == (2, 1, 2)
     assert newcomer.needs_sync
+    assert a0.peers_in_store and newcomer.peers_in_store  # every member gave its addresses: write them in the store
     assert sim.poll("a[0]").update_gen == 0  # the running round is not asked to change yet
     assert sim.job.round == 1 and sim.layout() == ["a[0]", "a[1]"]
 

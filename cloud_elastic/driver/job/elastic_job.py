@@ -170,7 +170,8 @@ class ElasticJob(JobState):
 
     def rendezvous(self, worker_id: str, last_round: int, reason: str, now: float, commits: int | None = None,
                    rolled_back: int = 0, commit_seq: int | None = None, holds_commit: bool = True,
-                   unreachable: tuple[str, ...] = (), *, trained: str = "", addresses: tuple[str, ...] = ()) -> None:
+                   unreachable: tuple[str, ...] = (), *, trained: str = "", addresses: tuple[str, ...] | None = None
+                   ) -> None:
         """A worker arrived at rendezvous, having left ``last_round`` with ``commits`` commits made (after a failure,
         ``rolled_back`` steps undone and the ``unreachable`` addresses its group never reached; ``addresses``: its
         host's; see .partitions), holding the commit ``commit_seq`` unless ``holds_commit`` is False (see

@@ -110,6 +110,9 @@ class RoundFormation:
         self.next = NextRounds(job, self.request_update)
         #: The plan the current round was formed from (0: none; its members switch to the group they formed).
         self.planned = 0
+        #: Every member of the current round gave its addresses at rendezvous, so reads its peers' in the round's
+        #: store (``protocol.Assignment.peers_in_store``): an older worker's group would not form with envelopes.
+        self.peers_in_store = False
         #: Rounds that keep failing to form with the same members (see :mod:`.partitions`).
         self.partitions = Partitions(job, lambda w, why: drains.send_away(w, why))
 
@@ -330,7 +333,7 @@ class RoundFormation:
             return self.next.assignment_for(w)
         if w.state in (S.RUNNING, S.DRAINING) and w.round == job.round and self.ranks is not None:
             return Assignment(job.round, self.ranks[w.worker_id], self.needs_sync, self.round_update_gen,
-                              self.from_checkpoint, self.planned)
+                              self.from_checkpoint, self.planned, self.peers_in_store)
         return None
 
     def rank0(self) -> WorkerRecord | None:
@@ -351,7 +354,7 @@ class RoundFormation:
         self.round_update_gen = update_gen
         self.needs_sync = False
         self.from_checkpoint = False
-        self.planned = 0
+        self.planned, self.peers_in_store = 0, False
         self._on_formed(self._job.running(now))
 
     def maybe_form(self, now: float) -> None:
@@ -434,11 +437,11 @@ class RoundFormation:
         ordered = [job.workers[c.worker_id] for c in plan.members]
         if planned is not None:
             ordered.sort(key=lambda w: planned.ranks[w.worker_id].rank)
-            self.ranks, self.planned = dict(planned.ranks), planned.plan
+            self.ranks, self.planned, self.peers_in_store = dict(planned.ranks), planned.plan, planned.peers_in_store
             self.next.formed(planned)
         else:
             self.ranks = assign_ranks([Member(w.worker_id, w.slot.host, w.slot.index) for w in ordered])
-            self.planned = 0
+            self.planned, self.peers_in_store = 0, all(w.addresses is not None for w in ordered)
         self.needs_sync = plan.needs_sync
         self.from_checkpoint = plan.from_checkpoint
         self.round_update_gen = job.update_gen

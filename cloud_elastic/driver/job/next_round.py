@@ -77,6 +77,8 @@ class Plan:
     staying: frozenset[str]
     #: The update generation its round forms at: arming it raises the job's by one.
     update_gen: int = 0
+    #: Its members all read their peers' addresses in the round's store (``protocol.Assignment.peers_in_store``).
+    peers_in_store: bool = False
     offered_at: float | None = None
     formed: set[str] = field(default_factory=set)
     armed: bool = False
@@ -135,7 +137,8 @@ class NextRounds:
         self._count += 1
         self.plan = Plan(self._count, job.round + 1,
                          assign_ranks([Member(w.worker_id, w.slot.host, w.slot.index) for w in ordered]),
-                         frozenset(w.worker_id for w in running), job.update_gen + 1)
+                         frozenset(w.worker_id for w in running), job.update_gen + 1,
+                         all(w.addresses is not None for w in ordered))
         self.version += 1
         log.info("job %s: round %d planned (plan %d, %d worker(s)); its members form its group in the background: %s",
                  job.job_id, self.plan.round, self.plan.plan, len(ordered),
@@ -155,7 +158,7 @@ class NextRounds:
         if (plan is None or worker_id not in plan.ranks or plan.for_round != self._job.round
                 or self._job.phase is not Phase.RUNNING or self._returned(plan)):
             return None
-        return NextRound(plan.plan, plan.round, plan.ranks[worker_id])
+        return NextRound(plan.plan, plan.round, plan.ranks[worker_id], plan.peers_in_store)
 
     def assignment_for(self, w: WorkerRecord) -> Assignment | None:
         """A newcomer of the plan is answered at rendezvous at once, with the planned round: it forms the
@@ -165,7 +168,8 @@ class NextRounds:
                 or plan.for_round != self._job.round or self._job.phase is not Phase.RUNNING or self._returned(plan)):
             return None
         self.told[w.worker_id] = plan.plan
-        return Assignment(plan.round, plan.ranks[w.worker_id], True, plan.update_gen, False, plan.plan)
+        return Assignment(plan.round, plan.ranks[w.worker_id], True, plan.update_gen, False, plan.plan,
+                          plan.peers_in_store)
 
     def _returned(self, plan: Plan) -> bool:
         """Whether a running member of ``plan`` returned from its training function (told before the job's next

@@ -91,7 +91,7 @@ def address_owners(workers: Iterable[WorkerRecord]) -> dict[str, set[str]]:
     """Each address ``workers`` gave as their own host's at rendezvous -> the hosts that gave it. Pure, O(workers)."""
     owners: dict[str, set[str]] = {}
     for w in workers:
-        for address in w.addresses:
+        for address in w.addresses or ():
             owners.setdefault(address, set()).add(w.slot.host)
     return owners
 

@@ -82,9 +82,10 @@ class WorkerRecord:
     round: int = 0
     rank: int | None = None
     rdzv_reason: str = "start"
-    #: The addresses it said it could not reach, and its own host's, at its last rendezvous (see :mod:`.partitions`).
+    #: The addresses it said it could not reach, and its own host's, at its last rendezvous (see :mod:`.partitions`;
+    #: ``addresses`` None: an older worker, which reads no peer's addresses in the round's store).
     unreachable: tuple[str, ...] = ()
-    addresses: tuple[str, ...] = ()
+    addresses: tuple[str, ...] | None = None
     why: str = ""
     commits: int = 0
     commit_seq: int = 0

@@ -186,6 +186,8 @@ class RoundInfo(RankInfo):
     from_checkpoint: bool = False
     #: The plan whose group, formed in the background, this round uses (0: formed when the round forms).
     planned: int = 0
+    #: Every member reads its peers' addresses in the round's store: this one writes its own there (see ``peers``).
+    peers_in_store: bool = False
 
 
 class RoundGroupsMixin:
@@ -242,7 +244,7 @@ class RoundGroupsMixin:
         namespace = round_namespace(self.settings.secret, self.job_id, info.round) + suffix
         return RoundStore(self._store if client is None else client, namespace, self.settings.secret,
                           self._form_limit_s() + _GLOO_FORM_MARGIN_S,
-                          Peers(info.rank, info.size, own_addresses(self.hostname)))
+                          Peers(info.rank if info.peers_in_store else None, info.size, own_addresses(self.hostname)))
 
     def _formed(self, info: RoundInfo, store: Any, make: Callable[[Callable[[Any], None]], Any],
                 what: str, *, confirm: bool = False) -> RoundGroup:
@@ -424,7 +426,8 @@ class RoundGroupsMixin:
         if group.cross is None:
             info = self.info
             cross = RoundInfo(info.cross_rank, info.cross_size, 0, 1, info.cross_rank, info.cross_size,
-                              round=info.round, needs_sync=info.needs_sync, update_gen=info.update_gen)
+                              round=info.round, needs_sync=info.needs_sync, update_gen=info.update_gen,
+                              peers_in_store=info.peers_in_store)
             store = self._round_store(cross, f"-x{info.local_rank}")
             group.cross = self._formed(info, store, lambda publish: self._new_group(store, cross, publish),
                                        "cross-host group")

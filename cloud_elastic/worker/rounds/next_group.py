@@ -177,7 +177,8 @@ class NextGroupMixin:
 
     def _form_next(self, pending: _Pending) -> None:
         offer = pending.offer
-        info = RoundInfo(**vars(offer.ranks), round=offer.round, needs_sync=True, update_gen=0)
+        info = RoundInfo(**vars(offer.ranks), round=offer.round, needs_sync=True, update_gen=0,
+                         peers_in_store=offer.peers_in_store)
         started = time.monotonic()
         group = None
         try:
@@ -303,7 +304,7 @@ class NextGroupMixin:
         # A member of the round before switches once the driver formed the round; a newcomer joins it earlier.
         self.__dict__["_plan_was_member"] = self.info is not None and self.info.round == info.round - 1
         # The formation its heartbeat started for this plan, if any (else one of its own; another plan's retired).
-        pending = self._start_next(NextRound(info.planned, info.round, ranks), joined=True,
+        pending = self._start_next(NextRound(info.planned, info.round, ranks, info.peers_in_store), joined=True,
                                    why="its round formed from another plan")
         deadline = time.monotonic() + self._form_limit_s()
         with self.progress.waiting():
