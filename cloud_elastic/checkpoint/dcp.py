@@ -42,7 +42,7 @@ from typing import Any, Callable, Iterator, Mapping
 import torch
 
 from cloud_elastic.checkpoint.api import CheckpointError, CheckpointMismatch
-from cloud_elastic.checkpoint.dcp_layout import Region, Tensor, check_layout
+from cloud_elastic.checkpoint.dcp_layout import Region, Tensor, check_layout, check_name
 from cloud_elastic.checkpoint.safety import Unusable as _Unusable
 from cloud_elastic.checkpoint.safety import causes, check_archive, one_line, safe_load
 
@@ -362,6 +362,8 @@ def unexpected_items(tensors: Mapping[str, Any], optimizers: Mapping[str, str], 
     state may lack parameters of its model (no gradient yet), and its ``param_groups`` are the optimizer's own:
     neither is a mismatch here."""
     known = {name: set(part) if isinstance(part, Mapping) else set() for name, part in tensors.items()}
+    held = {name: _Names(known.get(optimizers[name], set()) | set((tensors[name] or {}).get("state") or {}))
+            if name in optimizers else _Names(known[name]) for name in tensors}
     found = []
     for key in metadata.state_dict_metadata:
         name, _, rest = key.partition(".")
@@ -369,10 +371,9 @@ def unexpected_items(tensors: Mapping[str, Any], optimizers: Mapping[str, str], 
             found.append(key)
         elif name in optimizers:
             kind, _, param = rest.partition(".")
-            owners = known.get(optimizers[name], set()) | set((tensors[name] or {}).get("state") or {})
-            if (kind == "state" and not _held(param, owners)) or kind not in ("state", "param_groups"):
+            if (kind == "state" and held[name].above(param) is None) or kind not in ("state", "param_groups"):
                 found.append(key)
-        elif not _held(rest, known[name]):
+        elif held[name].above(rest) is None:
             found.append(key)
     return sorted(found)
 
@@ -389,10 +390,22 @@ def saved_groups(name: str, metadata: Any) -> list[set[str]]:
     return groups
 
 
-def _held(key: str, names: set[str]) -> bool:
-    """Whether ``key`` (DCP's flattened name) is one of ``names`` or an item below one (a nested value)."""
-    parts = key.split(".")
-    return any(".".join(parts[:i]) in names for i in range(1, len(parts) + 1))
+class _Names:
+    """A live state's keys, in which a DCP item's flattened name (from storage: any length) is looked up in time
+    that does not grow with it: only its prefixes up to the longest key's length and parts are tried."""
+
+    def __init__(self, names: set[Any]) -> None:
+        self._names = {n for n in names if isinstance(n, str)}
+        self._parts = max((n.count(".") for n in self._names), default=0) + 1
+        self._longest = max(map(len, self._names), default=0)
+
+    def above(self, key: str, *, strictly: bool = False) -> str | None:
+        """The longest of the names that ``key`` is (unless ``strictly``) or is an item below (a nested value)."""
+        ends, at = [], -1
+        while len(ends) < self._parts and (at := key.find(".", at + 1, self._longest + 1)) >= 0:
+            ends.append(at)
+        ends += [len(key)] if not strictly and len(key) <= self._longest else []
+        return next((key[:end] for end in reversed(ends) if key[:end] in self._names), None)
 
 
 def dcp_reason(exc: BaseException) -> str:
@@ -419,12 +432,12 @@ def optimizer_target(name: str, metadata: Any, model: Mapping[str, Any], current
 
     state: dict[str, Any] = {}
     groups: list[dict[str, Any]] = []
-    owners = sorted(set(model) | set(current.get("state") or {}), key=len, reverse=True)
+    owners = _Names(set(model) | set(current.get("state") or {}))
     for key, md in metadata.state_dict_metadata.items():
         if key.startswith(f"{name}.state."):
             rest = key[len(name) + 7:]
             # A parameter this model no longer has: refused by load_target (unexpected_items) before this.
-            fqn = next((f for f in owners if rest.startswith(f + ".")), None)
+            fqn = owners.above(rest, strictly=True)
             if fqn is None:
                 continue
             path, into = rest[len(fqn) + 1:].split("."), state.setdefault(fqn, {})
@@ -468,6 +481,10 @@ def encode_metadata(metadata: Any) -> dict[str, Any]:
     formats = {v: k for k, v in _MEMORY_FORMATS.items()}
     items: dict[str, Any] = {}
     for fqn, md in metadata.state_dict_metadata.items():
+        try:
+            check_name(fqn)  # a load would refuse it
+        except ValueError as exc:
+            raise CheckpointError(f"cannot checkpoint this state: {exc}") from None
         if isinstance(md, BytesStorageMetadata):
             items[fqn] = {"kind": "bytes"}
         elif isinstance(md, TensorStorageMetadata):
@@ -504,6 +521,7 @@ def decode_metadata(body: Any) -> Any:
     items: dict[str, Any] = {}
     tensors: dict[str, Tensor] = {}
     for fqn, item in _dict(body["items"]).items():
+        check_name(fqn)  # before the load looks it up in the live state's keys
         item = _dict(item)
         if item["kind"] == "bytes":
             items[fqn] = BytesStorageMetadata()

@@ -14,6 +14,10 @@ Then the bytes a load allocates for a tensor are at most the bytes the shard fil
 ``dcp._VerifyingReader`` compares with their size on the storage before it returns the metadata. The check's own
 work grows in proportion to the numbers the file holds, plus at most :data:`SWEEP_BUDGET`. Pure: the values are the
 metadata's, already type-checked by ``dcp.decode_metadata``.
+
+:func:`check_name` bounds each item's name, tensor or not, at :data:`MAX_NAME` characters and :data:`MAX_NAME_PARTS`
+parts between dots: a load looks it up in the live state's keys (``dcp.unexpected_items``), and a save refuses a name
+its load would (``dcp.encode_metadata``).
 """
 
 from __future__ import annotations
@@ -22,7 +26,8 @@ import itertools
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-__all__ = ["MAX_DIMS", "SWEEP_BUDGET", "Region", "Tensor", "check_layout"]
+__all__ = ["MAX_DIMS", "MAX_NAME", "MAX_NAME_PARTS", "SWEEP_BUDGET", "Region", "Tensor", "check_layout",
+           "check_name"]
 
 
 @dataclass(frozen=True)
@@ -50,6 +55,11 @@ class Region:
 #: The most dimensions an item may claim: torch's own bound (a reduction over a tensor of more raises "only tensors
 #: with up to 64 dims are supported"). A forged claim of tens of thousands would otherwise cost time to check.
 MAX_DIMS = 64
+#: The longest item name, and the most parts between its dots, that a metadata file may claim (and a save write):
+#: torch DCP's names are a state's keys joined by dots (``optimizer.state.layers.31.mlp.weight.exp_avg``), a few
+#: hundred characters and a dozen parts at most in real models.
+MAX_NAME = 4096
+MAX_NAME_PARTS = 256
 #: Coordinates the sweep of :func:`_overlap` may compare for one metadata file (about a second here): two chunks of
 #: ``n`` dimensions cost ``n``.
 SWEEP_BUDGET = 4_000_000
@@ -78,6 +88,17 @@ def check_layout(tensors: Mapping[str, Tensor], regions: Sequence[Region], budge
                 raise ValueError(f"item {_name(fqn)}: its chunk at {list(offsets)} holds {count * tensor.itemsize:,} "
                                  f"bytes, its storage entry only {entry.length:,}")
     _check_regions(regions)
+
+
+def check_name(fqn: str) -> None:
+    """ValueError, in one line, unless the item name ``fqn`` has at most :data:`MAX_NAME` characters and
+    :data:`MAX_NAME_PARTS` parts."""
+    if len(fqn) > MAX_NAME:
+        raise ValueError(f"item {_name(fqn)}: its name has {len(fqn):,} characters, over the {MAX_NAME:,} an item's "
+                         "may have")
+    if fqn.count(".") >= MAX_NAME_PARTS:
+        raise ValueError(f"item {_name(fqn)}: its name has {fqn.count('.') + 1:,} parts, over the {MAX_NAME_PARTS} "
+                         "an item's may have")
 
 
 def _check_chunks(fqn: str, tensor: Tensor, budget: list[int]) -> None:

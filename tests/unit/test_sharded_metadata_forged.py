@@ -15,12 +15,13 @@ import logging
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
-from cloud_elastic.checkpoint import dcp_layout
-from cloud_elastic.checkpoint.dcp_layout import MAX_DIMS, Region, Tensor, check_layout
+from cloud_elastic.checkpoint import dcp, dcp_layout
+from cloud_elastic.checkpoint.dcp_layout import MAX_DIMS, MAX_NAME, MAX_NAME_PARTS, Region, Tensor, check_layout
 from tests.unit.test_sharded_checkpoint import _checkpoints, _ctx, _state, _train, _values
 from tests.unit.test_sharded_checkpoint_hostile import _two_checkpoints
 
@@ -71,11 +72,13 @@ class _TooMuchWork(BaseException):  # not an Exception: no handler of the loader
 
 
 class _Meter:
-    """The lines of ``checkpoint.dcp_layout`` run inside the ``with`` (its work as a count, the same on any machine).
-    Past ``cap`` it raises _TooMuchWork at once, so a check that would run for minutes fails the test in a second."""
+    """The lines of ``checkpoint.dcp_layout`` (and of the other ``modules``) run inside the ``with`` (its work as a
+    count, the same on any machine). Past ``cap`` it raises _TooMuchWork at once, so a check that would run for
+    minutes fails the test in a second."""
 
-    def __init__(self, cap: int) -> None:
+    def __init__(self, cap: int, modules=(dcp_layout,)) -> None:
         self.cap, self.lines, self._before = cap, 0, None
+        self._files = {m.__file__ for m in modules}
 
     def __enter__(self) -> "_Meter":
         self._before = sys.gettrace()
@@ -86,13 +89,13 @@ class _Meter:
         sys.settrace(self._before)
 
     def _call(self, frame, event, arg):
-        return self._line if frame.f_code.co_filename == dcp_layout.__file__ else None
+        return self._line if frame.f_code.co_filename in self._files else None
 
     def _line(self, frame, event, arg):
         if event == "line":
             self.lines += 1
             if self.lines > self.cap:
-                raise _TooMuchWork(f"the layout check ran more than {self.cap:,} lines")
+                raise _TooMuchWork(f"the code measured ran more than {self.cap:,} lines")
         return self._line
 
 
@@ -108,6 +111,13 @@ def _second_entry_over_the_first(md) -> None:
     _entry(md, _EXP_AVG)["at"] = _entry(md, _STEP)["at"]
 
 
+def _item_named(name: str):
+    """One more item, a non-tensor one (no storage entry needed), named ``name``: review rvH2's forgery."""
+    def tamper(md):
+        md["items"][name] = {"kind": "bytes"}
+    return tamper
+
+
 @pytest.mark.parametrize("tamper,files,reason", [
     (_claim(_STEP, [2 ** 40], [[[0], [2 ** 40]]]), None,
      f"item '{_STEP}': its chunk at [0] holds 4,398,046,511,104 bytes, its storage entry only 1,577"),
@@ -117,11 +127,14 @@ def _second_entry_over_the_first(md) -> None:
     (_second_entry_over_the_first, None, f"storage entries of '{_EXP_AVG}' and '{_STEP}' overlap in '__0_0.distcp'"),
     (_last_entry_longer, None, "places items up to byte 1,000,000,041,964 of __0_0.distcp, which holds 41,964"),
     (_many_dims(MAX_DIMS + 1), None, f"item '{_STEP}': its size has 65 dimensions, over the 64 a tensor may have"),
+    (_item_named("model" + ".a" * MAX_NAME_PARTS), None, "its name has 257 parts, over the 256 an item's may have"),
+    (_item_named("model.0." + "a" * (MAX_NAME - 7)), None,
+     "its name has 4,097 characters, over the 4,096 an item's may have"),
     # The manifest lies about the shard file's size too: the store compares it with the storage's first.
     (_claim(_LAST, [2 ** 40], [[[0], [2 ** 40]]], length=2 ** 42), {"__0_0.distcp": 2 ** 43},
      "its shard files __0_0.distcp are missing or not the size its manifest says"),
 ], ids=["claims 4 TB", "overlap", "outside", "gap", "entries overlap", "entry past the end", "65 dimensions",
-         "manifest lies too"])
+         "257 name parts", "4,097-character name", "manifest lies too"])
 def test_forged_dcp_metadata_falls_back_to_the_previous_checkpoint_in_one_line_without_allocating_it(
         tmp_path, caplog, tamper, files, reason):
     at_2, newest, _ = _two_checkpoints(tmp_path)
@@ -271,3 +284,38 @@ def test_the_work_to_check_an_item_grows_in_proportion_to_its_dimensions():
             check_layout(*_rvg_shape(n))
         lines[n] = meter.lines
     assert lines[64] - lines[32] <= 2.5 * (lines[32] - lines[16]), lines
+
+
+def test_an_item_named_with_300000_dots_is_refused_for_less_work_than_loading_an_honest_checkpoint(tmp_path, caplog):
+    """Review rvH2's finding A (a 0.6 MB metadata.json). Before: the name was looked up in the live state's keys
+    one prefix at a time, each prefix joined again, the square of its parts: 70 s of CPU at 160,000 dots on every
+    worker of the loading host, no fallback; days near the 64 MiB a load reads. Counted in lines run, not timed."""
+    at_2, newest, _ = _two_checkpoints(tmp_path)
+    other = _state(seed=9)
+    _train(other, 1)
+    with _Meter(cap=10 ** 6, modules=(dcp_layout, dcp)) as honest:
+        assert _checkpoints(tmp_path, _ctx()).load_latest(other).step == 4
+    _forge(newest, _item_named("model" + ".a" * 300_000))
+    with caplog.at_level(logging.WARNING, logger="cloud_elastic"), _Meter(2 * honest.lines, (dcp_layout, dcp)):
+        assert _checkpoints(tmp_path, _ctx()).load_latest(other).step == 2
+    assert all(torch.equal(a, b) for a, b in zip(_values(other), at_2))
+    [warning] = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert "its name has 600,005 characters, over the 4,096 an item's may have" in warning and len(warning) < 600, warning
+
+
+@pytest.mark.parametrize("part", ["model", "optimizer"])
+def test_looking_an_item_up_in_the_live_state_takes_the_same_work_whatever_the_length_of_its_name(part):
+    """``dcp.unexpected_items`` (run by every load before DCP reads a byte) with names far past the bound a load's
+    metadata may hold: 1,000 and 100,000 parts below a key the state has (a nested value: held), or below one it
+    lacks. Before: lines run in proportion to the parts, each over a prefix joined again (the square)."""
+    weight = torch.zeros(2)
+    tensors = {"model": {"0.weight": weight}, "optimizer": {"state": {"0.weight": {"exp_avg": weight}}}}
+    prefix = "model." if part == "model" else "optimizer.state."
+    lines = {}
+    for parts in (1_000, 100_000):
+        tail = ".a" * parts
+        metadata = SimpleNamespace(state_dict_metadata={f"{prefix}0.weight{tail}": None, f"{prefix}1.bias{tail}": None})
+        with _Meter(cap=1_000, modules=(dcp,)) as meter:
+            assert dcp.unexpected_items(tensors, {"optimizer": "model"}, metadata) == [f"{prefix}1.bias{tail}"]
+        lines[parts] = meter.lines
+    assert lines[100_000] == lines[1_000], lines
