@@ -219,7 +219,9 @@ def load_state_payload(state: Any, payload: Any, skip: frozenset[str] = frozense
     memory, I/O) restores it too and raises a plain CheckpointError: it is no sign of
     another model. A malformed numpy value raises CheckpointError (before anything is changed). After loading,
     ``state.save()`` runs, so a later rollback returns to the checkpoint and
-    never to the weights the process started with.
+    never to the weights the process started with. When that save fails (out of memory), CheckpointError: the
+    state then holds the whole checkpoint, but its last commit may hold only part of it: nothing may train on (a
+    worker exits).
     """
     live = {name: value for name, value in _public_attributes(state).items() if name not in skip}
     if not isinstance(payload, dict):
@@ -253,7 +255,13 @@ def load_state_payload(state: Any, payload: Any, skip: frozenset[str] = frozense
             raise CheckpointError(f"could not load the checkpoint's {name}: {type(exc).__name__}: "
                                   f"{_bounded(str(exc), 500)}") from exc
         raise CheckpointMismatch(f"{name}: {first}") from exc
-    state.save()
+    try:
+        state.save()
+    except Exception as exc:
+        # No restore: a snapshot that failed part way may hold some of the checkpoint already, and a restore would
+        # mix it with the last commit. The live state holds the whole checkpoint; the caller stops (a worker exits).
+        raise CheckpointError(f"could not keep the loaded checkpoint as the state's last commit: "
+                              f"{type(exc).__name__}: {_bounded(str(exc), 300)}") from exc
 
 
 #: How torch says that a saved value does not fit the live one: ``load_state_dict``'s lines (a module's, an

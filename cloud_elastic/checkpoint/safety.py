@@ -3,7 +3,8 @@
 ``Unusable`` is a checkpoint that is torn, corrupt or tampered with (an older one may be
 fine); :func:`safe_load` reads ``torch.save`` bytes with the weights-only unpickler and
 names what it refused without torch's advice to load it with ``weights_only=False``;
-:func:`check_archive` refuses, unloaded, an archive that would take more memory than its own size;
+:func:`check_archive` refuses, unloaded, an archive that would take more memory than its own size, and
+:func:`check_loaded`, loaded, one whose copy would (a view repeating its storage's elements);
 :func:`storage_reason` finds a full disk wherever torch's wording hides it.
 """
 
@@ -13,14 +14,29 @@ import errno
 import io
 import pickle
 import re
-from typing import IO, Any
+from typing import IO, Any, Callable
 
 import torch
 
 from cloud_elastic.checkpoint.api import CheckpointError
 from cloud_elastic.torch_archive import stored_records
 
-__all__ = ["Unusable", "causes", "check_archive", "one_line", "safe_load", "storage_reason", "stored_records"]
+__all__ = ["COPY_FACTOR", "COPY_SLACK", "MAX_NESTING", "Unusable", "causes", "check_archive", "check_loaded",
+           "one_line", "safe_load", "storage_reason", "stored_records"]
+
+#: What a copy of a loaded value may cost: this many times the bytes it was loaded from, plus :data:`COPY_SLACK`.
+#: The commit snapshot after a load copies every reference to a tensor or a container on its own, so a value the
+#: project wrote costs about its own size (tied weights: a few times the shared tensor), and a forged one (a view
+#: that repeats one stored element 2**40 times, one tensor or list referenced a million times) is refused.
+COPY_FACTOR = 8
+COPY_SLACK = 64 << 20
+#: How deep containers may nest in a loaded value: torch.save itself fails near 500, and the walks after a load
+#: (``plain_numpy.unpack``, the commit snapshot's copy) recurse.
+MAX_NESTING = 256
+_SPARSE_PARTS = {torch.sparse_coo: ("_indices", "_values"), torch.sparse_csr: ("crow_indices", "col_indices", "values"),
+                 torch.sparse_bsr: ("crow_indices", "col_indices", "values"),
+                 torch.sparse_csc: ("ccol_indices", "row_indices", "values"),
+                 torch.sparse_bsc: ("ccol_indices", "row_indices", "values")}
 
 
 class Unusable(CheckpointError):
@@ -30,15 +46,96 @@ class Unusable(CheckpointError):
 def safe_load(data: bytes, what: str) -> Any:
     """``torch.load(weights_only=True)`` of ``data``; Unusable, in one line that names what was refused (and
     never torch's advice to load it with ``weights_only=False``), when it holds anything else, or when
-    :func:`check_archive` refuses it."""
+    :func:`check_archive` refuses it before the load or :func:`check_loaded` after it."""
     check_archive(io.BytesIO(data), 0, len(data), what)
     try:
-        return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+        loaded = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
         raise Unusable(f"its {what} holds something other than tensors and plain data ({_refusal(str(exc))}): "
                         "torch.load(weights_only=True) refused it without running it") from None
     except Exception as exc:  # RuntimeError for a bad archive
         raise Unusable(f"its {what} is not a readable torch.save archive: {one_line(exc, 160)}") from None
+    check_loaded(loaded, what, COPY_FACTOR * len(data) + COPY_SLACK)
+    return loaded
+
+
+def check_loaded(value: Any, what: str, budget: int) -> None:
+    """Unusable, in one line naming where, if ``value`` (what ``torch.load(weights_only=True)`` built: tensors in
+    dicts, lists, tuples and sets) holds a tensor with more elements than its storage holds (a view that repeats
+    them: stride 0, as ``expand`` makes), containers nested more than :data:`MAX_NESTING` deep or in a cycle, or
+    would take more than ``budget`` bytes to copy as the commit snapshot does (each reference to a tensor or a
+    container on its own). Views that share a storage (tied weights, slices) pass. Time in proportion to the
+    distinct objects, however often each is referenced."""
+    known: dict[int, int] = {}  # id of a container whose copy's cost is known -> that cost
+    walking: set[int] = set()  # ids of the containers on ``stack``
+    stack: list[list[Any]] = []  # [container, its (key, item) pairs left, cost so far, key in its parent]
+
+    def refuse(why: str, key: Any) -> Unusable:
+        where = _where(stack, key)
+        return Unusable(f"its {what} {why}{f' (at {where})' if where else ''}: corrupt or forged")
+
+    def visit(item: Any, key: Any) -> int | None:
+        """The cost of copying ``item``; None when it is a container to walk (pushed on ``stack``)."""
+        if isinstance(item, torch.Tensor):
+            return _tensor_cost(item, lambda why: refuse(why, key))
+        if not isinstance(item, (dict, list, tuple, set, frozenset)):
+            return len(item) if isinstance(item, (str, bytes, bytearray)) else 32
+        if id(item) in known:
+            return known[id(item)]
+        if id(item) in walking:
+            raise refuse("holds a container inside itself", key)
+        if len(stack) >= MAX_NESTING:
+            raise refuse(f"nests containers more than {MAX_NESTING} deep", key)
+        walking.add(id(item))
+        stack.append([item, iter(item.items()) if isinstance(item, dict) else enumerate(item), 64 + 8 * len(item), key])
+        return None
+
+    too_big = f"would take more than {budget:,} bytes to copy, the same tensors or containers referenced over and over"
+    total = visit(value, None)
+    while stack:
+        frame = stack[-1]
+        for key, item in frame[1]:
+            cost = visit(item, key)
+            if cost is None:
+                break
+            frame[2] += cost
+            if frame[2] > budget:
+                raise refuse(too_big, key)
+        else:
+            stack.pop()
+            walking.discard(id(frame[0]))
+            known[id(frame[0])] = total = frame[2]
+            if stack:
+                stack[-1][2] += frame[2]
+                if stack[-1][2] > budget:
+                    raise refuse(too_big, frame[3])
+    if total is not None and total > budget:
+        raise refuse(too_big, None)
+
+
+def _tensor_cost(tensor: torch.Tensor, refuse: Callable[[str], Unusable]) -> int:
+    """The bytes a copy of ``tensor`` takes; ``refuse(why)`` raised when it has more elements than its storage
+    holds, or a layout no checkpoint holds."""
+    if tensor.layout in _SPARSE_PARTS:
+        return sum(_tensor_cost(getattr(tensor, part)(), refuse) for part in _SPARSE_PARTS[tensor.layout])
+    if tensor.layout != torch.strided:
+        raise refuse(f"holds a tensor of layout {tensor.layout}, which no checkpoint holds")
+    try:
+        size, stored = tensor.numel() * tensor.element_size(), tensor.untyped_storage().nbytes()
+    except (RuntimeError, NotImplementedError) as exc:  # a tensor without a storage of its own
+        raise refuse(f"holds a tensor whose storage cannot be measured ({one_line(exc, 120)})") from None
+    if size > stored:
+        raise refuse(f"holds a tensor of shape {list(tensor.shape)[:8]} and strides {list(tensor.stride())[:8]}, "
+                     f"{size:,} bytes of elements over {stored:,} bytes of storage (a view that repeats them)")
+    return size
+
+
+def _where(stack: list[list[Any]], key: Any) -> str:
+    """Where a walk of :func:`check_loaded` is, as a path of keys (``['optimizer']['param_groups'][0]``); "" at
+    the top."""
+    keys = [frame[3] for frame in stack[1:]] + ([key] if key is not None and stack else [])
+    path = "".join(f"[{k!r}]" if isinstance(k, (str, int)) else "[...]" for k in keys)
+    return one_line(path, 160) if path else ""
 
 
 def check_archive(file: IO[bytes], offset: int, length: int, what: str) -> None:

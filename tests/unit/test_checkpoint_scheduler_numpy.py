@@ -115,20 +115,24 @@ def _forged_raw_view() -> torch.Tensor:
     return torch.zeros(1, dtype=torch.uint8).expand(2 ** 40)
 
 
-@pytest.mark.parametrize("forged", [
-    lambda raw: ("O", None, raw),  # an object dtype: would build objects
-    lambda raw: ("d", (10 ** 9,), raw),  # shape far bigger than the bytes
-    lambda raw: ("b", (2 ** 40,), _forged_raw_view()),
-    lambda raw: ("d", None, raw.to(torch.int8)),
-    lambda raw: ("not a dtype", None, raw),
-], ids=["object-dtype", "shape-beyond-bytes", "stride-0-view", "not-bytes", "bad-dtype"])
-def test_a_forged_numpy_tag_is_refused_in_one_line_and_changes_nothing(tmp_path: Path, forged) -> None:
+def _forged_payload(forged) -> dict:
     state, *_ = _build(0)
     _train(state, 1)
     payload = state_payload(state)
     tag, kind, _code, _shape, raw = payload["loss"]
     assert (tag, kind) == (plain_numpy.TAG, "numpy")
     payload["loss"] = (tag, kind, *forged(raw))
+    return payload
+
+
+@pytest.mark.parametrize("forged", [
+    lambda raw: ("O", None, raw),  # an object dtype: would build objects
+    lambda raw: ("d", (10 ** 9,), raw),  # shape far bigger than the bytes
+    lambda raw: ("d", None, raw.to(torch.int8)),
+    lambda raw: ("not a dtype", None, raw),
+], ids=["object-dtype", "shape-beyond-bytes", "not-bytes", "bad-dtype"])
+def test_a_forged_numpy_tag_is_refused_in_one_line_and_changes_nothing(tmp_path: Path, forged) -> None:
+    payload = _forged_payload(forged)
     store = CheckpointStore(str(tmp_path))
     store.save(1, payload)  # plain data as far as the store can tell: as an attacker could write it
 
@@ -140,6 +144,18 @@ def test_a_forged_numpy_tag_is_refused_in_one_line_and_changes_nothing(tmp_path:
     assert "\n" not in str(caught.value)
     assert all(torch.equal(a, b) for a, b in zip(before, fresh.model.parameters()))
     assert type(fresh.loss) is np.float32 and fresh.scheduler.last_epoch == 0
+
+
+def test_a_numpy_tag_over_a_stride_0_view_is_passed_over_by_the_store_and_refused_by_the_load(tmp_path: Path):
+    """Its state.pt holds a tensor with more elements than its storage: the store passes it over
+    (``checkpoint.safety.check_loaded``), and ``load_state_payload``, handed the payload itself, refuses it too."""
+    payload = _forged_payload(lambda raw: ("b", (2 ** 40,), _forged_raw_view()))
+    store = CheckpointStore(str(tmp_path))
+    store.save(1, payload)
+    assert store.latest() is None  # its only checkpoint
+    with pytest.raises(CheckpointError, match=r"^the checkpoint holds a malformed numpy value \(.*\): corrupt or "
+                                              r"forged$"):
+        load_state_payload(_build(1)[0], payload)
 
 
 def test_a_checkpoint_written_before_numpy_values_were_kept_loads_as_it_was(tmp_path: Path) -> None:
