@@ -101,7 +101,7 @@ def running_job(hosts: int, slots: int = SLOTS) -> tuple[ElasticJob, list[str], 
     t = time.process_time()  # this process's CPU (one thread): what a loaded machine does not inflate
     for w in ids:
         job.registered(w, now)
-        job.rendezvous(w, 0, "start", now)
+        job.rendezvous(w, 0, "start", now, addresses=(job.workers[w].slot.host,))  # its host's, as a worker gives
     largest = 0
     for w in ids:
         reply = job.assignment(w)
