@@ -35,11 +35,11 @@ def test_a_restarted_driver_shows_what_remote_workers_printed_while_it_was_away_
     first = Job(args, env=env)
     second = None
     try:
-        before, detached = kill_and_print_detached(first, marks, gate)
+        before, at_death, detached = kill_and_print_detached(first, marks, gate)
         second = Job(args, env=env)
         assert second.finish(180) == 0, second.output()
         assert "adopted 2 running worker(s)" in second.output(), second.output()
-        check_relayed(second.lines, before, detached, "127.0.0.3", "cloud-elastic remote:")
+        check_relayed(second.lines, before, at_death, detached, "127.0.0.3", "cloud-elastic remote:")
         wait_gone(marker, 20)
     finally:
         for job in (first, second):

@@ -3,17 +3,22 @@ driver that attached to it (standard library only, as :mod:`.ssh_remote`).
 
 The worker's standard output and error are a pipe to its wrapper, and :class:`OutputPump` (one thread) copies it:
 
-* to the wrapper's own standard output, the first ssh connection, while that takes it;
-* once that broke (the driver that started the worker died, its ssh with it), into memory: the newest
-  :data:`KEEP_BYTES`, from a line start, and a count of the bytes dropped before them;
+* to the wrapper's own standard output, the first ssh connection, while its driver is there;
+* once that driver is gone, into memory: the newest :data:`KEEP_BYTES`, from a line start, and a count of the
+  bytes dropped before them. The wrapper tells the pump (:meth:`OutputPump.driver_gone`) when the connection's
+  stdin ends, milliseconds after the driver died: a write to the connection fails only later, after a line that
+  sshd took and the dead driver's ssh could not deliver (its reply then reaches sshd), so every line printed
+  until then would be lost. A write that fails first (the connection dropped) switches too;
 * once a restarted driver attached (``ssh_remote --attach``, over the wrapper's private Unix socket:
   :meth:`OutputPump.attach`), to that connection: first one line saying how many bytes were dropped (if any),
   then what was kept, then everything after, in frames (:func:`frame`) that the attach process unpacks onto its
   own standard output (the worker's output) and error (the wrapper's marker line), so the restarted driver
   reads them as it reads a worker it started. When that driver dies in turn, output is kept again for the next.
 
-Every send is made by the pump's thread, so nothing is duplicated or reordered across a switch; what was in
-flight in a connection that broke is lost with it (a pipe's or a socket's buffer).
+Every send is made by the pump's thread, so nothing is duplicated or reordered across a switch. What was in
+flight when a driver died is lost with it: what it had not shown yet (in its pipe, its ssh, the connection) and
+what the pump sent in the moment before it learnt of the death. Nothing says which of it the driver showed, so
+sending it again could show lines twice.
 """
 
 from __future__ import annotations
@@ -60,13 +65,15 @@ def dropped_line(dropped: int) -> bytes:
 class OutputPump:
     """Copies the worker's output pipe to whoever reads it now (see module docstring).
 
-    ``start`` runs the thread; ``attach``/``lost`` (from the wrapper's watch thread) hand it a restarted
-    driver's connection or say one has gone; ``join`` waits for the end of the worker's output. Never raises.
+    ``start`` runs the thread; ``attach``/``lost``/``driver_gone`` (from the wrapper's watch thread) hand it a
+    restarted driver's connection or say one has gone, or the first one's driver; ``join`` waits for the end of
+    the worker's output. Never raises.
     """
 
     def __init__(self, pipe_fd: int, out_fd: int = 1) -> None:
         self._pipe = pipe_fd
-        self._out: int | None = out_fd  # the first connection; None once it broke or a driver attached
+        self._out: int | None = out_fd  # the first connection; None once its driver went or another attached
+        self._first_gone = False  # the first connection's driver is gone (driver_gone): stop writing to it
         self._lock = threading.Lock()
         self._sending = threading.Lock()  # one writer on a connection at a time: the pump, or the marker at the end
         self._pending: list[socket.socket] = []  # attached, not yet given the kept output
@@ -88,6 +95,13 @@ class OutputPump:
         """A restarted driver attached on ``conn``: it gets the kept output, then the live output."""
         with self._lock:
             self._pending.append(conn)
+        self._wake()
+
+    def driver_gone(self) -> None:
+        """The first connection's driver went (its stdin ended): keep the output from now on, not after a write to
+        the connection fails (see module docstring)."""
+        with self._lock:
+            self._first_gone = True
         self._wake()
 
     def lost(self, conn: socket.socket) -> None:
@@ -120,10 +134,13 @@ class OutputPump:
             os.close(self._pipe)
 
     def _switch(self) -> None:
-        """Take up a newly attached connection (the newest wins), or drop one whose driver has gone."""
+        """Take up a newly attached connection (the newest wins), or drop one whose driver has gone (the first
+        connection's too)."""
         with self._lock:
             pending, self._pending = self._pending, []
             gone = self._gone
+            if self._first_gone:
+                self._out = None
         if self._conn is not None and self._conn in gone:
             self._conn = None
         for conn in pending:

@@ -32,8 +32,8 @@ One wrapper per worker, started by :class:`~cloud_elastic.driver.launch.ssh.SSHL
    process relays its stdin to the wrapper (keepalives, ``KILL``, ``TERM``: the same watchdog, and any data from it
    cancels a pending "driver lost" stop) and the wrapper's marker line back on its stderr. The worker's own output
    goes through the wrapper (:class:`~cloud_elastic.driver.launch.ssh_output.OutputPump`): to the first connection
-   while it takes it, kept (the newest MiB) once it broke, and to an attach connection, in frames that ``--attach``
-   unpacks onto its stdout, from the kept output on;
+   while its driver is there, kept (the newest MiB) once its stdin ended (with a driver grace) or it broke, and to an
+   attach connection, in frames that ``--attach`` unpacks onto its stdout, from the kept output on;
 6. tells the worker where to leave its exit report once its training function returned (:data:`EXIT_REPORT_ENV`,
    :func:`report_path`, beside the control socket) and, when the worker ends, writes the worker's exact status into
    it as its ``code`` (a plain interpreter cannot tell its own exit code): a driver restarted after the worker ended
@@ -397,6 +397,8 @@ class Wrapper:
                     except OSError:
                         chunk = b""
                     eof = not chunk
+                    if eof and after > 0 and self._pump is not None:
+                        self._pump.driver_gone()  # keep what the worker prints for a driver that adopts it
                     if eof and attached:
                         continue  # the old connection ended; the restarted driver speaks for it now
                 else:
