@@ -46,7 +46,7 @@ from cloud_elastic.worker.link.client import DriverClient
 from cloud_elastic.worker.link.pauses import Pauses
 from cloud_elastic.worker.link.progress import format_stacks
 
-__all__ = ["DriverLinkMixin", "note_exit_code", "notice_reporter", "stacks_signal_armed"]
+__all__ = ["DriverLinkMixin", "note_exit_code", "notice_reporter", "say", "stacks_signal_armed"]
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +62,14 @@ def note_exit_code(code: int) -> None:
     or the exception, or saw the script return); the exit hook's ``exiting`` message then carries it."""
     global _script_exit_code
     _script_exit_code = code
+
+
+def say(line: str) -> None:
+    """``line`` on standard error, with its newline, in one write. The heartbeat thread says it while the script
+    prints on (the worker runs unbuffered): ``print`` writes the text, then the newline, and a line of the script
+    written between the two would be glued to the end of this one."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
 
 
 def stacks_signal_armed() -> bool:
@@ -325,8 +333,8 @@ class DriverLinkMixin:
                 silent = time.monotonic() - last_ok
                 if not self.driver_lost and silent > self.heartbeat_timeout_s:
                     self.driver_lost = True
-                    print(f"cloud-elastic: worker {self.worker_id} cannot reach the driver ({exc}); training on "
-                          f"for up to {self.driver_grace_s:g}s (--driver-grace)", file=sys.stderr, flush=True)
+                    say(f"cloud-elastic: worker {self.worker_id} cannot reach the driver ({exc}); training on "
+                        f"for up to {self.driver_grace_s:g}s (--driver-grace)")
                 if silent > self.driver_grace_s:
                     self._grace_exit(exc)
                 time.sleep(0.2)
@@ -428,8 +436,8 @@ class DriverLinkMixin:
             self.__dict__["_adopt_place"] = (self.info, place)  # for a request sent again: see _adoption_place
             reply = client.call("adopt", request.to_wire(), timeout_s=self.heartbeat_timeout_s + 10)
             if not reply.get("ok"):
-                print(f"cloud-elastic: worker {self.worker_id}: the restarted driver refused to adopt it "
-                      f"({str(reply.get('reason') or 'no reason given')[:300]}); exiting", file=sys.stderr, flush=True)
+                say(f"cloud-elastic: worker {self.worker_id}: the restarted driver refused to adopt it "
+                    f"({str(reply.get('reason') or 'no reason given')[:300]}); exiting")
                 os._exit(75)
             self.__dict__.pop("_adopt_place", None)
             if self._notice_watcher is not None:
@@ -469,11 +477,8 @@ class DriverLinkMixin:
                 hook()
             except Exception:  # exiting is what matters now
                 log.warning("worker %s: an exit hook failed", self.worker_id, exc_info=True)
-        print(
-            f"cloud-elastic: worker {self.worker_id} lost contact with the driver for more than "
-            f"{self.driver_grace_s:g}s (--driver-grace; last error: {exc}); exiting",
-            file=sys.stderr, flush=True,
-        )
+        say(f"cloud-elastic: worker {self.worker_id} lost contact with the driver for more than "
+            f"{self.driver_grace_s:g}s (--driver-grace; last error: {exc}); exiting")
         os._exit(75)
 
 
