@@ -113,7 +113,7 @@ class CommitWindow:
         if self.unkept and self.confirmed:  # before confirmation, the whole commit was kept aside
             log.warning(
                 "cloud-elastic: %s ran between an in-place optimizer update and the next commit; from now on "
-                "every update keeps the values it overwrites until the commit. A failure in this one collective "
+                "every update keeps the values it overwrites until the commit. Until the next commit, a failure "
                 "cannot be rolled back exactly on this worker (set CLOUD_ELASTIC_COMMIT_MODE=snapshot to keep "
                 "them from the start, or move the collective before step() or after commit())", what)
 
@@ -125,8 +125,12 @@ class CommitWindow:
         self.open = self.unkept = False
 
     def discard(self) -> None:
-        """The state was restored or replaced (a rollback, a sync): no update is pending."""
+        """The state was restored or replaced (a rollback, a sync): no update is pending, and clean windows count
+        again from none (Horovod's loop redoes the restored batch: that redo's window is no second clean one of a
+        loop that commits every K steps after its first)."""
         self.open = self.unkept = False
+        if not self.confirmed:
+            self._clean = 0
 
 
 class CommitLedger:

@@ -235,6 +235,28 @@ def test_a_loop_committing_every_k_steps_after_its_first_restores_exactly_before
     _assert_equal(_values(model, opt), committed)
 
 
+def test_a_restore_between_two_clean_windows_does_not_confirm_the_loop(caplog):
+    """Review s62 rvR2 finding 3: a commit-every-K loop commits after its first step; a newcomer joins there (a reset:
+    the state is restored and synced), Horovod's loop redoes batch 0 and commits it again. That redo's window is
+    clean too, but no second window of the loop: confirmed there, batches 1-3 updated the commit in place and one
+    failure ended the job with "training state lost"."""
+    model = _model()
+    opt = hvd.DistributedOptimizer(torch.optim.AdamW(model.parameters(), lr=0.01))
+    state = hvd.elastic.TorchState(model, opt)
+    _step(model, opt, 0)
+    state.commit()  # batch 0
+    state.restore()  # the reset for the newcomer
+    _step(model, opt, 0)
+    state.commit()  # the redo of batch 0
+    committed = _values(model, opt)
+    _step(model, opt, 1)
+    _step(model, opt, 2)
+    hvd.allreduce(torch.ones(1), name="batch 3's gradients")  # fails
+    state.restore()
+    assert get_context().ledger.holds_commit
+    _assert_equal(_values(model, opt), committed)
+
+
 def test_two_optimizers_stepping_after_one_backward_restore_exactly_when_the_second_ones_allreduce_fails(caplog):
     """A GAN-style loop: one backward, then two DistributedOptimizers step, then commit. The second
     one's gradient allreduces were launched before the first update and are waited for after it, inside

@@ -125,6 +125,21 @@ def test_checkpoint_loads_count_apart_from_commits() -> None:
     assert trained.loaded() not in (first, second)
 
 
+def test_a_checkpoint_load_of_a_state_no_report_told_of_is_progress() -> None:
+    """Review s62 rvR2 finding 2: each attempt gains one commit, checkpoints it, and every worker crashes within a
+    heartbeat of it; only the next attempt's load tells that it moved on (the slot was blacklisted at the third)."""
+    trained = Trained()
+    trained.note(marked(0), "a")
+    for n in range(1, 4):
+        key = trained.at(n)
+        trained.note(fp(n), stored=True)
+        assert trained.at(n) != key, n
+        trained.note(fp(n), f"a{n}")  # the attempt's first report: what it loaded, no change
+    key = trained.at(9)
+    trained.note(fp(3), stored=True)  # the same checkpoint again: no change
+    assert trained.at(9) == key
+
+
 def test_the_job_remembers_a_bounded_number_of_reporters() -> None:
     trained = Trained()
     trained.note(marked(0), "w0")

@@ -153,8 +153,10 @@ class Trained:
     worker's fingerprint that differs from its previous report, or, for its first, from the newest fingerprint the
     job heard of (reported or loaded: the state a newcomer was synced to, or an attempt resumed from), so Horovod's
     redo of a restored batch leaves it where it was, and a new process whose first report comes after its first
-    commit moved on; :attr:`loads` counts the loads of a state other than the previous load's. Pure and bounded:
-    one dict of at most :data:`REMEMBERED` short strings."""
+    commit moved on; a checkpoint load that differs from the newest fingerprint heard is a change too (the attempt
+    before it committed and saved a state no heartbeat told of, then every worker was lost). :attr:`loads` counts
+    the loads of a state other than the previous load's. Pure and bounded: one dict of at most
+    :data:`REMEMBERED` short strings."""
 
     #: Changes of a worker's fingerprint so far, and loads of another state than the load before.
     mark: int = 0
@@ -178,6 +180,8 @@ class Trained:
             if fingerprint != self._loaded:
                 self._loaded = fingerprint
                 self.loads += 1
+            if self._newest is not None and fingerprint != self._newest:
+                self.mark += 1  # a checkpoint holding a state no report told of: its attempt moved on and was lost
             self._newest = fingerprint
             return
         if fingerprint == UNTOLD:

@@ -4,8 +4,8 @@ The driver's repeat guards (``driver.job.repeats``) measure progress by what was
 were made: Horovod's loop (``for state.batch in range(state.batch, N): ...; state.commit()``) redoes the restored
 batch after each restore and commits it again, so a bug that recurs at the next batch adds a commit every time
 without training anything new. Every worker reports the fingerprint of the state it would restore (its last commit,
-or what a sync or a checkpoint load gave it) with its heartbeats and at rendezvous; the driver counts the ones it
-has not seen before.
+or what a sync or a checkpoint load gave it) with its heartbeats and at rendezvous; the driver counts how often a
+worker's fingerprint changed (a redo commits the restored attributes again: no change).
 
 The fingerprint hashes what says *where* training is, never the tensors: the state's plain attributes
 (``State(**kwargs)``, ``TorchState(model, opt, **kwargs)``: ``batch``, ``epoch``, ``step``, as committed) and its
