@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 def test_a_compiled_nested_step_counts_once():
     counted = [0]
-    count_steps(lambda: counted.__setitem__(0, counted[0] + 1))
+    count_steps(lambda optimizer: counted.__setitem__(0, counted[0] + 1))
 
     class Clipped(torch.optim.Adam):
         def step(self, closure=None):
