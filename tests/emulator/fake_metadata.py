@@ -35,6 +35,8 @@ from typing import Any, Callable, Iterable, Iterator, TypeVar
 from urllib.parse import parse_qs, urlsplit
 from contextlib import contextmanager
 
+from tests.emulator.httpfake import SERVE_POLL_S
+
 __all__ = [
     "FakeMetadata",
     "FakeAWSMetadata",
@@ -180,8 +182,8 @@ class FakeMetadata:
         self._server = Server((self.address, self.port), Handler)
         self._server.daemon_threads = True
         self.port = self._server.server_address[1]
-        threading.Thread(target=self._server.serve_forever, name=f"{type(self).__name__}-{self.address}",
-                         daemon=True).start()
+        threading.Thread(target=self._server.serve_forever, args=(SERVE_POLL_S,),
+                         name=f"{type(self).__name__}-{self.address}", daemon=True).start()
         return self
 
     def stop(self) -> None:
