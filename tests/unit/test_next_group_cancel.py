@@ -123,10 +123,14 @@ def test_a_worker_sent_away_cancels_its_formation_and_starts_none(ctx) -> None:
 
 
 # test_round_group's worker exiting while a formation waits in torch, with a formation that outlasts the exit
-# hook's wait (13 s, like Gloo connecting to a peer that vanished: nothing cancels it), a finalization still
-# running when it comes back (6 s), and an exit status that is certain (the local fork server notes it).
-_STUCK_AT_EXIT = _EXIT_WHILE_FORMING.replace("seconds=2)", "seconds=13)").replace("sleep(3)", "sleep(6)") + """
+# hook's wait (5 s against a budget of 2 s, like Gloo connecting to a peer that vanished: nothing cancels it), a
+# finalization still running when it comes back (4 s), and an exit status that is certain (the local fork server
+# notes it). The budget is the default's 10 s in a worker; 2 s here spares the test the 8 s more that the
+# formation and the finalization would have to outlast, and is the budget the fix this guards (668bf6b) had.
+_STUCK_AT_EXIT = _EXIT_WHILE_FORMING.replace("seconds=2)", "seconds=5)").replace("sleep(3)", "sleep(4)") + """
+from cloud_elastic.worker import exiting
 from cloud_elastic.worker.link import driver_link
+exiting.EXIT_WAIT_S = 2.0
 code = int(sys.argv[1])
 driver_link.note_exit_code(code)
 sys.exit(code)
@@ -138,7 +142,7 @@ sys.exit(code)
 def test_a_formation_nothing_can_cancel_ends_the_process_with_its_exit_status_not_sigabrt(tmp_path, code) -> None:
     """Finalized under it, the process died of SIGABRT as the formation came back from torch."""
     script = tmp_path / "stuck_at_exit.py"
-    assert "seconds=13)" in _STUCK_AT_EXIT and "sleep(6)" in _STUCK_AT_EXIT
+    assert "seconds=5)" in _STUCK_AT_EXIT and "sleep(4)" in _STUCK_AT_EXIT
     script.write_text(_STUCK_AT_EXIT)
     proc = subprocess.run([sys.executable, str(script), str(code)], capture_output=True, text=True, timeout=100)
     assert "gave up:" in proc.stdout, proc.stdout + proc.stderr
