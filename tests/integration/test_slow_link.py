@@ -18,7 +18,7 @@ import time
 import pytest
 
 from tests.integration.events_check import of, read_events
-from tests.integration.harness import REPO
+from tests.integration.harness import REPO, probe_cmd
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]  # its job waits up to 210 s
 
@@ -27,13 +27,12 @@ def test_a_worker_slow_only_in_its_sends_and_receives_is_drained_as_a_slow_netwo
         jobs, tmp_path):
     events = tmp_path / "events.jsonl"
     stop = tmp_path / "stop"  # the job trains until the drain has happened (not a fixed number of steps)
-    script = ('if [ "$CLOUD_ELASTIC_HOSTNAME" = 127.0.0.3 ]; then export CLOUD_ELASTIC_TEST_LINK_BYTES_PER_S=20000; '
-              f'fi; exec {sys.executable} {REPO / "tests/integration/probe.py"} --steps 20 --step-sleep 0.02 '
-              f'--stop-when {stop}')
-    env = {"XDG_RUNTIME_DIR": str(tmp_path / "run")}  # where `cloud-elastic status` finds the job
+    env = {"XDG_RUNTIME_DIR": str(tmp_path / "run"),  # where `cloud-elastic status` finds the job
+           "CE_PROBE_ENV": "127.0.0.3=CLOUD_ELASTIC_TEST_LINK_BYTES_PER_S=20000"}  # the slow link: 127.0.0.3's alone
     (tmp_path / "run").mkdir()
     job = jobs(["run", "-np", "3", "--min-np", "2", "-H", "127.0.0.1:1,127.0.0.2:1,127.0.0.3:1",
-                "--events-file", str(events), "sh", "-c", script], env=env)
+                "--events-file", str(events), *probe_cmd("--steps", "20", "--step-sleep", "0.02", "--stop-when",
+                                                         str(stop))], env=env)
     job.wait_for(lambda j: re.search(r"worker 127\.0\.0\.3\[0\]#\d+ left \(slow network", j.output()), timeout=90,
                  what="the worker with the slow network to leave")
     job.wait_for(lambda j: [e for e in j.of("commit") if e["size"] == 2], timeout=60, what="training on without it")
