@@ -63,12 +63,11 @@ def test_a_newcomer_whose_device_self_test_fails_is_refused_in_one_line_and_blac
     # The others train until the test has seen the refusal (a newcomer's start-up can outlast a fixed
     # number of steps on a loaded machine; a fresh-clone run saw the job end before it was refused).
     stop = tmp_path / "stop"
-    script = ('if [ "$CLOUD_ELASTIC_HOSTNAME" = 127.0.0.3 ]; then export CLOUD_ELASTIC_SELFTEST_TIMEOUT_S=0.000001; fi; '
-              f'exec {sys.executable} {REPO / "tests/integration/probe.py"} --steps 30 --step-sleep 0.05 '
-              f'--stop-when {stop}')
     job = jobs(["run", "-np", "2", "--min-np", "2", "--max-np", "3", "--host-discovery-script", str(hosts.script),
                 "--discovery-interval", "0.3", "--blacklist-cooldown-range", "600", "600",
-                "--events-file", str(events), "sh", "-c", script])
+                "--events-file", str(events), *probe_cmd("--steps", "30", "--step-sleep", "0.05", "--stop-when",
+                                                         str(stop))],
+               env={"CE_PROBE_ENV": "127.0.0.3=CLOUD_ELASTIC_SELFTEST_TIMEOUT_S=0.000001"})
     job.wait_event("commit", step=5)
     hosts.set(["127.0.0.1", "127.0.0.2", "127.0.0.3"])
     job.wait_for(lambda j: "self-test" in j.output() and "blacklisted" in j.output(), timeout=90,
