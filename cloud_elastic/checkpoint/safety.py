@@ -11,15 +11,17 @@ names what it refused without torch's advice to load it with ``weights_only=Fals
 from __future__ import annotations
 
 import errno
+import functools
 import io
 import pickle
 import re
-from typing import IO, Any, Callable
-
-import torch
+from typing import IO, TYPE_CHECKING, Any, Callable
 
 from cloud_elastic.checkpoint.api import CheckpointError
 from cloud_elastic.torch_archive import stored_records
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["COPY_FACTOR", "COPY_SLACK", "MAX_NESTING", "Unusable", "causes", "check_archive", "check_loaded",
            "one_line", "safe_load", "storage_reason", "stored_records"]
@@ -33,10 +35,18 @@ COPY_SLACK = 64 << 20
 #: How deep containers may nest in a loaded value: torch.save itself fails near 500, and the walks after a load
 #: (``plain_numpy.unpack``, the commit snapshot's copy) recurse.
 MAX_NESTING = 256
-_SPARSE_PARTS = {torch.sparse_coo: ("_indices", "_values"), torch.sparse_csr: ("crow_indices", "col_indices", "values"),
-                 torch.sparse_bsr: ("crow_indices", "col_indices", "values"),
-                 torch.sparse_csc: ("ccol_indices", "row_indices", "values"),
-                 torch.sparse_bsc: ("ccol_indices", "row_indices", "values")}
+
+
+@functools.cache
+def _sparse_parts() -> dict[Any, tuple[str, ...]]:
+    """The parts of a tensor of each sparse layout. torch is imported by the functions that read a payload: the
+    driver imports this module (through the store) and never reads one."""
+    import torch
+
+    return {torch.sparse_coo: ("_indices", "_values"), torch.sparse_csr: ("crow_indices", "col_indices", "values"),
+            torch.sparse_bsr: ("crow_indices", "col_indices", "values"),
+            torch.sparse_csc: ("ccol_indices", "row_indices", "values"),
+            torch.sparse_bsc: ("ccol_indices", "row_indices", "values")}
 
 
 class Unusable(CheckpointError):
@@ -47,6 +57,8 @@ def safe_load(data: bytes, what: str) -> Any:
     """``torch.load(weights_only=True)`` of ``data``; Unusable, in one line that names what was refused (and
     never torch's advice to load it with ``weights_only=False``), when it holds anything else, or when
     :func:`check_archive` refuses it before the load or :func:`check_loaded` after it."""
+    import torch
+
     check_archive(io.BytesIO(data), 0, len(data), what)
     try:
         loaded = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
@@ -66,6 +78,8 @@ def check_loaded(value: Any, what: str, budget: int) -> None:
     would take more than ``budget`` bytes to copy as the commit snapshot does (each reference to a tensor or a
     container on its own). Views that share a storage (tied weights, slices) pass. Time in proportion to the
     distinct objects, however often each is referenced."""
+    import torch
+
     known: dict[int, int] = {}  # id of a container whose copy's cost is known -> that cost
     walking: set[int] = set()  # ids of the containers on ``stack``
     stack: list[list[Any]] = []  # [container, its (key, item) pairs left, cost so far, key in its parent]
@@ -116,8 +130,11 @@ def check_loaded(value: Any, what: str, budget: int) -> None:
 def _tensor_cost(tensor: torch.Tensor, refuse: Callable[[str], Unusable]) -> int:
     """The bytes a copy of ``tensor`` takes; ``refuse(why)`` raised when it has more elements than its storage
     holds, or a layout no checkpoint holds."""
-    if tensor.layout in _SPARSE_PARTS:
-        return sum(_tensor_cost(getattr(tensor, part)(), refuse) for part in _SPARSE_PARTS[tensor.layout])
+    import torch
+
+    sparse = _sparse_parts()
+    if tensor.layout in sparse:
+        return sum(_tensor_cost(getattr(tensor, part)(), refuse) for part in sparse[tensor.layout])
     if tensor.layout != torch.strided:
         raise refuse(f"holds a tensor of layout {tensor.layout}, which no checkpoint holds")
     try:

@@ -40,13 +40,10 @@ import time
 from datetime import datetime, timezone
 from typing import Any, Callable, Mapping, TypeVar
 
-import torch
-
 from cloud_elastic.checkpoint.api import (FORMAT, FORMAT_VERSION, READ_VERSION, SHARDED_FORMAT_VERSION, Checkpoint,
                                           CheckpointError, CheckpointInfo, DurableJobRecord)
 from cloud_elastic.checkpoint.backend import Backend, Digest, Oversize, backend_for
 from cloud_elastic.checkpoint.manifest import DATA, SHARDS_DIR, checkpoint_info, new_manifest, record_body, split_meta
-from cloud_elastic.checkpoint.payload import check_payload
 from cloud_elastic.checkpoint.safety import Unusable as _Unusable
 from cloud_elastic.checkpoint.safety import one_line as _one_line
 from cloud_elastic.checkpoint.safety import safe_load, storage_reason
@@ -125,6 +122,8 @@ class CheckpointStore:
         or storage refuses the write: the previous checkpoints stay, its own folder goes. It first deletes
         interrupted writes (:meth:`_clear_interrupted`), which would fill the storage for good.
         """
+        from cloud_elastic.checkpoint.payload import check_payload  # torch: see _publish
+
         step = checked_step(step)
         version = check_payload(payload)
         existing = self._clear_interrupted(self._names())
@@ -155,6 +154,8 @@ class CheckpointStore:
         """Once every shard is in ``name`` (DCP's save returned): ``payload`` (the state's other values), then the
         manifest, which lists the shards' files with the size and SHA-256 each had as it was written (``files``,
         from the writer of :meth:`shard_storage`); then prune."""
+        from cloud_elastic.checkpoint.payload import check_payload  # torch: see _publish
+
         version = max(check_payload(payload), SHARDED_FORMAT_VERSION)
         if not files or DCP_METADATA_JSON not in files:
             raise CheckpointError(f"the shards of {self.backend.url(name)} have no digests: the DCP save did not "
@@ -173,6 +174,10 @@ class CheckpointStore:
     def _publish(self, name: str, existing: list[str], step: int, payload: Any, meta: Mapping[str, Any] | None,
                  shards: Mapping[str, tuple[int, str]] | None = None, shard_count: int | None = None, *,
                  version: int = FORMAT_VERSION) -> CheckpointInfo:
+        # Imported by the writers and readers of a payload only: the driver opens the store (lists, records, claims)
+        # and never a payload, and an import of torch was most of its CPU at start-up (about 1.2 CPU-seconds).
+        import torch
+
         fields, extra = split_meta(meta)
         backend = self.backend
         digest = Digest(self._moved)
