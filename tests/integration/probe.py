@@ -97,6 +97,9 @@ def main() -> None:
     if setting and os.environ.get("CLOUD_ELASTIC_HOSTNAME") == env_host:
         name, _, value = setting.partition("=")
         os.environ[name] = value
+    # CE_PROBE_STRAGGLER=HOST: the worker on HOST never reaches rendezvous (it never calls init()).
+    if os.environ.get("CLOUD_ELASTIC_HOSTNAME") == os.environ.get("CE_PROBE_STRAGGLER", "-"):
+        time.sleep(600)
     hvd.init()
     # CE_PROBE_SETUP=HOST=SECONDS: the worker on HOST sets up that long after init() (a model, data, a device)
     # before its first call that needs the round; local_rank() is known before.
