@@ -11,7 +11,7 @@ Run under ``cloud-elastic run``; prints ``EVENT {json}`` lines like ``probe.py``
   over ``--heap`` objects (the GIL held for the whole collection).
 
 Every step sleeps ``--step-sleep``; the job ends after ``--steps`` steps, or at
-``--seconds`` of training when given.
+``--seconds`` of training when given, or once the ``--stop-when`` file exists (rank 0 decides).
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--seconds", type=float, default=0.0, help="train this long instead of --steps")
+    p.add_argument("--stop-when", default="", help="train until this file exists instead of --steps")
     p.add_argument("--step-sleep", type=float, default=0.05)
     p.add_argument("--only-slot", default="", help="the busy worker's id prefix")
     p.add_argument("--first-step-s", type=float, default=0.0)
@@ -70,6 +71,8 @@ def main() -> None:
     last_gc = [started]
 
     def more() -> bool:
+        if args.stop_when:
+            return not hvd.broadcast_object(os.path.exists(args.stop_when), root_rank=0)
         if args.seconds:
             return not hvd.broadcast_object(time.monotonic() - started >= args.seconds, root_rank=0)
         return state.step < args.steps

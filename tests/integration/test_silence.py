@@ -30,8 +30,10 @@ def test_a_worker_stopped_during_a_collective_is_named_before_its_round_is_abort
     """SIGSTOP while its peers train: they wait for it in the next gradient allreduce, and the driver's log
     and events file name its rank, worker, host and the collective's number before the round is aborted."""
     path = tmp_path / "events.jsonl"
-    # 20 s of training: 6 s before the stop, at most a heartbeat timeout (5 s) until it is given up, then steps at two.
-    job = _run(jobs, path, "--seconds", "20", "--step-sleep", "0.02")
+    # Training until the test has seen steps at two: 6 s before the stop, at most a heartbeat timeout (5 s) until it
+    # is given up, then steps at two (it trained 20 s, of which the last 8-10 s at two had nothing left to show).
+    stop = tmp_path / "stop"
+    job = _run(jobs, path, "--stop-when", str(stop), "--step-sleep", "0.02")
     first = job.wait_event("step", rank=1, step=1, timeout=120)
     # Trained 6 s: the driver has heard enough of its heartbeats to judge its silence by the fast rule.
     victim = job.wait_for(lambda j: next((e for e in j.of("step", rank=1) if e["t"] > first["t"] + 6), None),
@@ -39,6 +41,7 @@ def test_a_worker_stopped_during_a_collective_is_named_before_its_round_is_abort
     os.kill(victim["pid"], signal.SIGSTOP)
     try:
         job.wait_event("step", rank=0, size=2, timeout=120)
+        stop.touch()
         assert job.finish(timeout=120) == 0, job.output()
     finally:
         try:
