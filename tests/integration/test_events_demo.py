@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import struct
 import subprocess
@@ -10,15 +11,19 @@ import sys
 
 import pytest
 
-from tests.integration.harness import REPO
+from tests.integration.harness import REPO, parent_of_servers
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 
 def test_demo_records_its_events_and_draws_its_timeline(tmp_path):
     out = tmp_path / "demo"
+    # Its driver's fork server comes from this test process's parent of servers, as every job's of the harness
+    # does (a server of its own imports torch: some 2 CPU-seconds).
+    parent = parent_of_servers()
+    env = {**os.environ, **({"CLOUD_ELASTIC_FORKSERVER_PARENT": parent} if parent else {})}
     demo = subprocess.run([sys.executable, str(REPO / "examples" / "demo.py"), "--out", str(out)], cwd=REPO,
-                          capture_output=True, text=True, timeout=280, check=False)
+                          capture_output=True, text=True, timeout=280, check=False, env=env)
     assert demo.returncode == 0, demo.stdout[-5000:]
     said = dict(re.findall(r"^demo: (events file|timeline picture): (.+)$", demo.stdout, re.MULTILINE))
     assert said == {"events file": str(out / "events.jsonl"), "timeline picture": str(out / "timeline.png")}
