@@ -121,7 +121,7 @@ class CommitWindow:
         """A commit is being made: the window closes (the state is the new commit)."""
         if self.open and self.unkept and not self.has_collectives:
             self._clean += 1
-            self.confirmed = self._clean >= 2
+            self.confirmed = self.confirmed or self._clean >= 2  # learnt from rank 0 (a newcomer): for good
         self.open = self.unkept = False
 
     def discard(self) -> None:
