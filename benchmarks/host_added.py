@@ -247,7 +247,7 @@ def one_admission(scenario: Scenario, bound_s: float) -> dict[str, Any]:
         def enough() -> bool:
             counts: dict[int, int] = {}
             for e in job.logs:
-                if e["size"] == 3:
+                if e["size"] == 3 and not e.get("following"):  # after a follow window (``commit.follow``)
                     counts[e["pid"]] = counts.get(e["pid"], 0) + 1
             return sum(1 for n in counts.values() if n >= AFTER_STEPS) >= 3
 
@@ -261,7 +261,8 @@ def one_admission(scenario: Scenario, bound_s: float) -> dict[str, Any]:
         started = process_start(first["pid"])
         return {"t_add": t_add, "newcomer_pid": first["pid"], "newcomer_started": started, "peak_rss": rss.stop(),
                 "newcomer_first_step": first["t"], "survivors": sorted(survivors), "before_pids": sorted(before),
-                "steps": sorted((e["t"], e["pid"], e["size"]) for e in logs if e["t"] >= t_add - 3)}
+                "steps": sorted((e["t"], e["pid"], e["size"]) for e in logs if e["t"] >= t_add - 3),
+                "first_active": min(e["t"] for e in logs if e["size"] == 3 and not e.get("following"))}
     finally:
         rss.stop()
         scenario.stop()
@@ -278,6 +279,8 @@ def analyse(raw: dict[str, Any], restarts_all: bool) -> dict[str, float]:
                  for pid, v in by_pid.items() if pid in raw["before_pids"] and len(v) > 2)
     after = max(statistics.median(b[0] - a[0] for a, b in zip(v, v[1:]) if a[1] == 3 and b[0] <= first3 + 3)
                 for pid, v in by_pid.items() if pid in raw["survivors"])
+    # A newcomer that follows (``commit.follow``) is active from a later commit: the gaps until then count too.
+    active = max(first3, raw.get("first_active", first3))
     if restarts_all:  # the old group's last step to the new group's first
         last2 = max(t for t, _pid, size in steps if size == 2 and t < first3)
         gap = switch = first3 - last2
@@ -285,7 +288,7 @@ def analyse(raw: dict[str, Any], restarts_all: bool) -> dict[str, float]:
         gaps, switches, admits = [], [], []
         for pid in raw["survivors"]:
             v = by_pid[pid]
-            pairs = [(a, b) for a, b in zip(v, v[1:]) if b[0] >= t_add and a[0] <= first3 + 0.5]
+            pairs = [(a, b) for a, b in zip(v, v[1:]) if b[0] >= t_add and a[0] <= active + 0.5]
             gaps.append(max((b[0] - a[0], b[0] - first3) for a, b in pairs))
             switches.append(next(b[0] - a[0] for a, b in pairs if b[1] == 3))
             # torchft's admitting step is reported at size 2 (the healing replica is not yet counted),
@@ -293,6 +296,7 @@ def analyse(raw: dict[str, Any], restarts_all: bool) -> dict[str, float]:
             admits.append(max(b[0] - a[0] for a, b in pairs if abs(b[0] - first3) <= ADMISSION_WINDOW_S))
         (gap, where), switch, admit = max(gaps), max(switches), max(admits)
     return {"normal_step_s": normal, "normal_step_at_3_s": after, "longest_gap_s": gap, "switch_gap_s": switch,
+            "follow_window_s": active - first3,
             "admission_gap_s": gap if restarts_all else admit,
             # Where the longest gap ended, from the first step at size 3 (0: it is the switch itself).
             "longest_gap_end_after_switch_s": 0.0 if restarts_all else where,
@@ -306,18 +310,26 @@ def duration(x: float) -> str:
     return f"{x * 1000:.0f} ms" if x < 10 else f"{x:.1f} s"
 
 
+def follows(windows: list[float]) -> str:
+    """How long newcomers followed before they were active (``commit.follow``); – where none did."""
+    if not any(windows):
+        return "–"
+    return f"{pct(windows, .5):.2f} s / {pct(windows, .95):.2f} s"
+
+
 def table(rows: dict[str, dict], rss: bool = True) -> str:
     """The figures per system; ``rss``: with the job's peak resident memory."""
     ms = duration
     s = lambda x: f"{x:.2f} s"  # noqa: E731
     lines = ["| system (2 workers + 1 admitted) | normal step | longest gap, p50 / p95 | stall (gap − normal step), "
              "p50 / p95 | admitting step's gap, p50 / p95 | newcomer: process start → first step, p50 / p95 | "
-             "host added → first step, p50 | " + ("peak RSS, whole job | " if rss else "") + "repeats |",
-             "|---|---|---|---|---|---|---|---|" + ("---|" if rss else "")]
+             "host added → first step, p50 | newcomer follows, p50 / p95 | " + ("peak RSS, whole job | " if rss else "")
+             + "repeats |",
+             "|---|---|---|---|---|---|---|---|---|" + ("---|" if rss else "")]
     for name, r in rows.items():
         a = r["figures"]
         if not a:
-            lines.append(f"| {name} | – | miss | miss | – | miss | miss | " + ("– | " if rss else "")
+            lines.append(f"| {name} | – | miss | miss | – | miss | miss | – | " + ("– | " if rss else "")
                          + f"0 of {r['misses']} |")
             continue
         col = lambda k: [x[k] for x in a]  # noqa: E731
@@ -327,7 +339,8 @@ def table(rows: dict[str, dict], rss: bool = True) -> str:
             f"{ms(pct(col('longest_gap_s'), .95))} | {ms(pct(col('stall_s'), .5))} / {ms(pct(col('stall_s'), .95))} | "
             f"{ms(pct(col('admission_gap_s'), .5))} / {ms(pct(col('admission_gap_s'), .95))} | "
             f"{s(pct(col('start_to_first_step_s'), .5))} / "
-            f"{s(pct(col('start_to_first_step_s'), .95))} | {s(pct(col('added_to_first_step_s'), .5))} | {memory}"
+            f"{s(pct(col('start_to_first_step_s'), .95))} | {s(pct(col('added_to_first_step_s'), .5))} | "
+            f"{follows(col('follow_window_s'))} | {memory}"
             f"{len(a)} of {len(a) + r['misses']} |")
     return "\n".join(lines)
 
@@ -379,7 +392,10 @@ def main() -> None:
     if args.against is not None:
         tree = args.against.resolve()
         rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=tree, capture_output=True, text=True).stdout
-        chosen[f"cloud-elastic at `{rev.strip() or tree.name}` (--against)"] = lambda tmp: CloudElastic(tmp, 0.0, tree)
+        at = f"cloud-elastic at `{rev.strip() or tree.name}`"
+        chosen[f"{at} (--against)"] = lambda tmp: CloudElastic(tmp, 0.0, tree)
+        chosen.update({f"{at}, +{mb:g} MB of state (--against)": (lambda mb: lambda tmp: CloudElastic(tmp, mb, tree))(mb)
+                       for mb in sizes})
     rows: dict[str, dict] = {n: {"figures": [], "misses": 0} for n in chosen}
     with tempfile.TemporaryDirectory() as root:
         # Rounds over the systems, so that a slow minute of the shared machine hits each of them.

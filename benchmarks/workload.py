@@ -12,7 +12,7 @@ with ``--adamw-tensors N`` a model of N small layers trained with AdamW (many
 tensors, as a real network has). With ``--step-log`` every worker prints one
 ``STEPLOG {json}`` line per completed step (wall time, step, world size, pid,
 the step's wall and CPU seconds). ``--state-mb N`` adds N MB to the optimizer's state
-(:func:`add_state`): every sync carries it, no step computes with it. A step whose commit raises ``HostsUpdatedInterrupt`` completed (its commit is kept),
+(:func:`add_state`): every sync carries it, and each step changes 64 KiB of it (:func:`change_state`). A step whose commit raises ``HostsUpdatedInterrupt`` completed (its commit is kept),
 so it is logged too.
 """
 
@@ -94,6 +94,31 @@ def add_state(optimizer: torch.optim.Optimizer, args: argparse.Namespace) -> Non
         optimizer.state[first]["ballast"] = torch.full((int(args.state_mb * 1e6) // 4,), 0.5)
 
 
+#: Elements of the ``--state-mb`` entry that change at each step (64 KiB), at an offset that moves on each step.
+CHANGED_A_STEP = 16384
+
+
+def change_state(optimizer: torch.optim.Optimizer, step: int) -> None:
+    """``--state-mb``: every step changes 64 KiB of the entry, a different part each step (after the update, before
+    the commit), so that a newcomer that received it and did not follow the changes would end with another state:
+    an entry that never changed would not test a follow mode (``commit.follow``). The entry is looked up each time:
+    a sync replaces the optimizer's state tensors."""
+    ballast = optimizer.state[optimizer.param_groups[0]["params"][0]].get("ballast")
+    if ballast is not None:
+        at = step * CHANGED_A_STEP % max(1, ballast.numel() - CHANGED_A_STEP)
+        ballast[at: at + CHANGED_A_STEP].add_(1.0)
+
+
+def following() -> bool:
+    """Whether this worker's round has a follower now (``commit.follow``; False under a cloud-elastic without it)."""
+    try:
+        from cloud_elastic.worker.comm import followers
+        from cloud_elastic.worker.context import get_context
+    except ImportError:
+        return False
+    return followers.current(get_context()) is not None
+
+
 class Steps:
     """Times each step; with ``--step-log``, prints its STEPLOG line."""
 
@@ -103,12 +128,12 @@ class Steps:
     def start(self) -> None:
         self.t0, self.c0 = time.perf_counter(), time.process_time()
 
-    def done(self, step: int, size: int, rank: int) -> None:
+    def done(self, step: int, size: int, rank: int, follows: bool = False) -> None:
         wall, cpu = time.perf_counter() - self.t0, time.process_time() - self.c0
         if self.args.step_log:
             print("STEPLOG " + json.dumps({"system": self.system, "step": step, "t": time.time(), "size": size,
                                           "rank": rank, "pid": os.getpid(), "dt": round(wall, 6),
-                                          "cpu": round(cpu, 6)}),
+                                          "cpu": round(cpu, 6), "following": follows}),
                   flush=True)
 
 
@@ -135,6 +160,7 @@ def run_elastic(args: argparse.Namespace) -> None:
             if slow_s:
                 time.sleep(slow_s)
             optimizer.step()
+            change_state(optimizer, state.step)
             state.step += 1
             if state.step % args.commit_every == 0:
                 try:
@@ -142,9 +168,9 @@ def run_elastic(args: argparse.Namespace) -> None:
                 except hvd.HostsUpdatedInterrupt:
                     # The step completed and its commit is kept: log it, or the gap to the first step
                     # at the new size would count a step of work as stall.
-                    steps.done(state.step, hvd.size(), hvd.rank())
+                    steps.done(state.step, hvd.size(), hvd.rank(), following())
                     raise
-            steps.done(state.step, hvd.size(), hvd.rank())
+            steps.done(state.step, hvd.size(), hvd.rank(), following())
 
     train(state)
 

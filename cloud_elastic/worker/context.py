@@ -106,6 +106,9 @@ class WorkerContext(NextGroupMixin, DriverLinkMixin, RoundGroupsMixin, ExitingMi
         self.collective_timeout_s = s.collective_timeout_s
         self.backend = s.backend or ("nccl" if torch.cuda.is_available() else "gloo")
         self.info: RoundInfo | None = None
+        #: The round's follow window (``commit.follow.Window``), and the last round whose window ended unequal.
+        self.following: Any = None
+        self.follow_ended_round: int | None = None
         self._group: RoundGroup | None = None
         #: Sharded training: the host's own process group, formed by ``hvd.shard`` (see ``sharded``).
         self.host_group: Any = None

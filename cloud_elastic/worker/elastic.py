@@ -9,6 +9,7 @@
           returned                 -> tell the driver, return its result
           CollectiveError          -> restore the last commit   (a peer failed)
           HostsUpdatedInterrupt    -> keep the state just committed (graceful change)
+          FollowerActivated        -> a follow window ended (commit.follow): same round, reset, no rendezvous
         rendezvous into the next round (or leave, if the driver says so)
         sync state from rank 0 if the driver says this round needs it
           (in a round formed from_checkpoint, rank 0 first loads the latest durable checkpoint;
@@ -29,7 +30,8 @@ from typing import Any, Callable, TypeVar
 from cloud_elastic.worker import sharded, termination
 
 from cloud_elastic.worker.comm.statecodec import StateSyncError
-from cloud_elastic.worker.commit import sync_facts
+from cloud_elastic.worker.commit import follow, sync_facts
+from cloud_elastic.worker.commit.follow import FollowerActivated
 from cloud_elastic.worker.commit.fingerprint import fingerprint
 from cloud_elastic.worker.commit.state import State
 from cloud_elastic.worker.context import WorkerContext, current, get_context, init
@@ -146,10 +148,7 @@ def _run(func: Callable[..., Any], state: State, *args: Any, **kwargs: Any) -> A
                 if info is not None and info.from_checkpoint and (
                         info.rank == 0 if durable is None else durable.loads_here(info)):
                     _load_checkpoint(ctx, durable, state)  # CollectiveError: a host-mate was lost in a sharded load
-                sync_facts.begin(ctx)  # rank 0 learns which workers hold its commit; the sync tells them
-                state.sync()
-                sync_facts.ensure_known(ctx)
-                _hold_synced_state(ctx, state)
+                _sync(ctx, state)
             except CollectiveError as exc:
                 log.warning("state sync failed (%s); rejoining", exc)
                 state.restore()
@@ -164,6 +163,12 @@ def _run(func: Callable[..., Any], state: State, *args: Any, **kwargs: Any) -> A
             ledger.note_rollback()
             sync = _rejoin(ctx, "failure", state)
             continue
+        except FollowerActivated as exc:
+            # A follow window ended at this commit, on every member (``commit.follow``): the same round goes on,
+            # every sampler re-shards over every member, and only a follower that did not match syncs first.
+            sync = exc.sync
+            state.on_reset()
+            continue
         except HostsUpdatedInterrupt:
             sync = _rejoin(ctx, "update", state)
             continue
@@ -176,10 +181,28 @@ def _run(func: Callable[..., Any], state: State, *args: Any, **kwargs: Any) -> A
             ledger.note_rollback()
             sync = _rejoin(ctx, "failure", state)
             continue
+        try:
+            if follow.complete(ctx, state):  # a window still open at the end: the rest moves now (``commit.follow``)
+                _sync(ctx, state)
+        except CollectiveError as exc:
+            log.warning("collective failed (%s) as the training function returned; rolling back to the last "
+                        "commit", exc)
+            state.restore()
+            ledger.note_rollback()
+            sync = _rejoin(ctx, "failure", state)
+            continue
         error = durable.finish(state) if durable is not None else None
         ctx.report_completed(error)  # WorkerRemoved when rank 0 is still training: this worker returned early
         _completed = True
         return result
+
+
+def _sync(ctx: WorkerContext, state: State) -> None:
+    """Every worker of the round: the state sync (rank 0 learns which workers hold its commit; the sync tells them)."""
+    sync_facts.begin(ctx)
+    state.sync()
+    sync_facts.ensure_known(ctx)
+    _hold_synced_state(ctx, state)
 
 
 def _hold_synced_state(ctx: WorkerContext, state: State) -> None:
@@ -194,6 +217,7 @@ def _hold_synced_state(ctx: WorkerContext, state: State) -> None:
         return
     state.save()
     ctx.ledger.hold_commit(ctx.ledger.sync_root_seq, fingerprint(state))
+    follow.after_sync(ctx)  # a follower holds no commit until its window ends
 
 
 def _rejoin(ctx: WorkerContext, reason: str, state: State) -> bool:

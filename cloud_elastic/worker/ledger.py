@@ -157,6 +157,8 @@ class CommitLedger:
         #: update's window that kept nothing; see :class:`CommitWindow`). Reported at rendezvous: the driver
         #: then never takes the state from it.
         self.holds_commit = True
+        #: This worker follows in its round (``commit.follow``): its commits hold no state of the job's yet.
+        self.following = False
         #: ``DistributedOptimizer`` steps since the last commit: what a rollback undoes.
         self.steps_since_commit = 0
         #: Steps the last rollback undid, told to the driver at the next rendezvous (then 0 again).
@@ -225,7 +227,7 @@ class CommitLedger:
             self._moved = True
         self._trained, self._in_a_row = fingerprint, True
         self._steps.clear()
-        self.holds_commit = True
+        self.holds_commit = not self.following
         self.commits += 1
         self._live_seq += 1
         self.commit_seq = self._live_seq

@@ -39,6 +39,7 @@ from torch.utils.data import Sampler
 from cloud_elastic.checkpoint.api import StateDictMismatch
 from cloud_elastic.worker.comm.ops import UnsupportedError
 from cloud_elastic.worker.context import get_context
+from cloud_elastic.worker.comm import followers
 
 __all__ = ["ElasticSampler"]
 
@@ -183,8 +184,7 @@ class ElasticSampler(Sampler):
             self._round_spans, self._extra = [], set()
         self._recorded, self._same_round = 0, False
         ctx = get_context()
-        self.num_replicas = ctx.info.size
-        self.rank = ctx.info.rank
+        self.num_replicas, self.rank = followers.data_shard(ctx)  # a follower copies an active member's shard
         self._ensure_perm()
         self._remaining = _complement(self._done, self._n)
         self._starts = []  # round position where each remaining span begins

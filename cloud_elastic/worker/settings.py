@@ -203,6 +203,11 @@ class WorkerSettings:
     backend: str = ""
     #: ``CLOUD_ELASTIC_ZERO_COPY_COMMIT=0`` turns zero-copy SGD commits off (see ``zerocopy``).
     zero_copy_commit: bool = True
+    #: ``CLOUD_ELASTIC_FOLLOW=0`` turns follow-mode admission off (every newcomer gets the whole state in the
+    #: sync, as before; see ``commit.follow``); ``CLOUD_ELASTIC_FOLLOW_MB``: the bytes of the committed state
+    #: sent to a follower at each commit (MB, 10^6 bytes).
+    follow: bool = True
+    follow_bytes: int = 4_000_000
     #: ``CLOUD_ELASTIC_COMMIT_MODE``: ``auto`` (updates run in place, keeping nothing, once the loop is
     #: seen to commit right after each step; see ``window``) or ``snapshot`` (always keep the committed values).
     commit_mode: str = "auto"
@@ -334,6 +339,8 @@ class WorkerSettings:
             group_form_timeout_s=number("CLOUD_ELASTIC_GROUP_FORM_TIMEOUT_S", "60", float),
             backend=env.get("CLOUD_ELASTIC_BACKEND", "").strip().lower(),
             zero_copy_commit=flag("CLOUD_ELASTIC_ZERO_COPY_COMMIT"),
+            follow=flag("CLOUD_ELASTIC_FOLLOW"),
+            follow_bytes=max(1, int(number("CLOUD_ELASTIC_FOLLOW_MB", "4", float) * 1e6)),
             commit_mode=env.get("CLOUD_ELASTIC_COMMIT_MODE", "auto").strip().lower(),
             malloc_tuning=flag("CLOUD_ELASTIC_MALLOC_TUNING") and not any(n in env for n in _GLIBC_MALLOC_SETTINGS),
             secret=secret,

@@ -27,6 +27,7 @@ from cloud_elastic.worker.comm.compression import Compression, casts, check_comp
 from cloud_elastic.worker.comm.dtypes import carrier, from_wire, to_wire
 from cloud_elastic.worker.context import get_context
 from cloud_elastic.worker.comm.ops import Adasum, Average, Max, Min, Product, Sum, UnsupportedError, average_scaling, check_op, reduce_op
+from cloud_elastic.worker.comm import followers
 
 __all__ = [
     "Average",
@@ -96,6 +97,9 @@ def _allreduce_packed(tensors: list[torch.Tensor], op: str, what: str) -> None:
     wires = [_reduced_as(members[0].dtype, op, "allreduce") for members in groups.values()]
     packed = [(to_wire(members[0].view(-1) if len(members) == 1 else torch.cat([m.reshape(-1) for m in members]),
                        wire), members) for wire, members in zip(wires, groups.values())]
+    if followers.is_follower(ctx):  # its values must not count (``commit.follow``): the op's identity
+        for flat, _ in packed:
+            followers.identity_fill(flat, op)
     works = [ctx.group(what).allreduce([flat], _reduce_options(op)) for flat, _ in packed]
     for work, (flat, members) in zip(works, packed):
         ctx.wait(work, what)
@@ -118,7 +122,7 @@ def allreduce_(tensor: torch.Tensor, average: bool | None = None, name: str | No
     op = check_op(op, average)
     check_reducible(op, tensor, "allreduce_")
     ctx = get_context()
-    scaling = average_scaling(op, ctx.info.size, False, prescale=prescale_factor, postscale=postscale_factor)
+    scaling = average_scaling(op, followers.averaging_size(ctx), False, prescale=prescale_factor, postscale=postscale_factor)
     target = tensor.detach()  # same storage: a parameter (a leaf that requires grad) is averaged in place too
     work_tensor = on_device(target)
     scaling.apply_before(work_tensor)
@@ -164,7 +168,7 @@ def _reduce_each(call: str, tensors: Sequence[torch.Tensor], average: bool | Non
     for t in tensors:
         check_reducible(op, t, call)
     ctx = get_context()
-    scalings = [average_scaling(op, ctx.info.size, casts(compression, t.dtype), prescale=prescale_factor,
+    scalings = [average_scaling(op, followers.averaging_size(ctx), casts(compression, t.dtype), prescale=prescale_factor,
                                 postscale=postscale_factor) for t in tensors]
     encoded = [encode(t, compression, s.before, ctx.device) for t, s in zip(tensors, scalings)]
     _allreduce_packed([e.tensor for e in encoded], op, f"allreduce {name or ''}".strip())

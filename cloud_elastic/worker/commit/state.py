@@ -25,7 +25,7 @@ from cloud_elastic.worker.comm.heal import Heal, skeleton
 from cloud_elastic.worker.comm.statecodec import StateSyncError, check_attributes
 from cloud_elastic.worker.commit.handlers import (ModelHandler, OptimizerHandler, SamplerHandler, SnapshotHandler,
                                                   StateDictHandler, handler_for)
-from cloud_elastic.worker.commit import sync_facts
+from cloud_elastic.worker.commit import follow, sync_facts
 from cloud_elastic.worker.commit.fingerprint import fingerprint
 from cloud_elastic.worker.commit.participant import CommitParticipant
 from cloud_elastic.worker.context import get_context, is_initialized
@@ -89,6 +89,14 @@ def _check_small(small: Any, samplers: int, schedulers: int = 0) -> None:
                              f"state(s), this worker has {schedulers}")
 
 
+def _followers(small: Any, size: int) -> list[int]:
+    """Rank 0's followers of this sync (``commit.follow``), checked: ranks of this round other than 0."""
+    ranks = small.get("followers", [])
+    if not isinstance(ranks, list) or not all(type(r) is int and 0 < r < size for r in ranks):
+        raise StateSyncError(f"{SMALL_STATE}: rank 0's followers are malformed: corrupt or forged")
+    return ranks
+
+
 class State:
     """Base of elastic state: commit/restore/sync plus reset callbacks."""
 
@@ -118,6 +126,7 @@ class State:
             self.check_host_updates()
         finally:
             self._just_committed = False
+        follow.at_commit(ctx, self)  # a follower in the round: the next pieces of the commit (see ``follow``)
 
     def check_host_updates(self) -> None:
         """Raise HostsUpdatedInterrupt, on all workers at the same call, if membership is changing.
@@ -332,7 +341,11 @@ class TorchState(ObjectState):
                                             "shards of the commit", cross=True)
             ledger.shard_sync = (ctx.info.round, receivers)
         heal = None
-        if replicas:
+        followers = _followers(small, ctx.info.size if ctx.info is not None else 1) if replicas else []
+        if followers:  # the receivers follow (``commit.follow``): only the small parts move now
+            if takes:
+                check_models(small["model tensors"], [h.value for h in self._models()])
+        elif replicas:
             # A replica comes from every worker that holds rank 0's commit, each sending a part, to those that
             # need it (see ``comm.heal``); with no one needing it, nothing moves.
             heal = Heal(ledger.sync_receivers, ctx.info.size, root_seq)
@@ -345,9 +358,12 @@ class TorchState(ObjectState):
             if getattr(handler, "sharded", False):
                 handler.sync(shard_overwritten, receivers)
             elif isinstance(handler, SnapshotHandler):
-                handler.sync(overwritten, takes=takes, heal=heal)
+                if not followers:
+                    handler.sync(overwritten, takes=takes, heal=heal)
             else:
                 handler.sync((samplers if isinstance(handler, SamplerHandler) else schedulers).pop(0))
+        if followers:
+            follow.start(ctx, self, followers, list(small["optimizer state"]), root_seq)
         if heal is not None:
             if takes and getattr(ctx.device, "type", "cpu") == "cuda":
                 # NCCL's futures complete as the work is queued: before this worker holds the commit (and may
@@ -368,8 +384,11 @@ class TorchState(ObjectState):
         not one each: which workers need rank 0's commit (``sync_facts``), its plain attributes, its samplers'
         positions and, when a replica's commit is to be sent, its optimizer states' skeletons (``comm.heal``)."""
         def parts(facts: dict[str, Any] | None) -> dict[str, Any]:  # on rank 0
-            send = replicas and bool(facts["receivers"] if facts is not None else ctx.ledger.sync_receivers)
+            receivers = facts["receivers"] if facts is not None else ctx.ledger.sync_receivers
+            send = replicas and bool(receivers)
+            root_seq = facts["root_seq"] if facts is not None else ctx.ledger.sync_root_seq
             return {
+                "followers": follow.decide(ctx, self, list(receivers), root_seq) if send else [],
                 "ObjectState attributes": self._saved_state,
                 "sampler state": [h.value.state_dict() for h in self._handlers.values() if isinstance(h, SamplerHandler)],
                 "scheduler state": [h.value.state_dict() for h in self._handlers.values()

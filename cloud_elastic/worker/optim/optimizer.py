@@ -48,6 +48,7 @@ import torch
 from cloud_elastic.worker import sharded
 
 from cloud_elastic.worker.optim import zerocopy
+from cloud_elastic.worker.comm import followers
 from cloud_elastic.worker.optim.buckets import BUCKET_BYTES, Bucket, check_groups, make_buckets
 from cloud_elastic.worker.comm.compression import Compression, check_compression
 from cloud_elastic.worker.commit.handlers import ModelHandler
@@ -189,6 +190,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             grads = [torch.zeros_like(p) if p.grad is None else p.grad.to_dense() for p in group]
             flat = torch.cat([g.reshape(-1) for g in grads])
             scaling.apply_before(flat)
+            if followers.is_follower(ctx):
+                flat.zero_()
             ctx.ledger.window.collective("a gradient allreduce")
             ctx.wait(ctx.pg.allreduce([flat]), "gradient allreduce")
             scaling.apply_after(flat)
@@ -200,12 +203,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     # ----------------------------------------------------------------- hooks
     def _ce_reset_if_new_round(self) -> None:
-        info = get_context().info
-        if info.round != self._ce_round:
-            self._ce_round = info.round
-            self._ce_scalings = {compressed: average_scaling(self._ce_op, info.size, compressed, self._ce_predivide)
+        ctx = get_context()
+        info, size = ctx.info, followers.averaging_size(ctx)  # a follower's zeros do not count (``commit.follow``)
+        if info.round != self._ce_round or size != getattr(self, "_ce_averaged_over", None):
+            if info.round != self._ce_round:
+                self._ce_clear()
+            self._ce_round, self._ce_averaged_over = info.round, size
+            self._ce_scalings = {compressed: average_scaling(self._ce_op, size, compressed, self._ce_predivide)
                                  for compressed in (False, True)}
-            self._ce_clear()
 
     def _ce_clear(self) -> None:
         for bucket in self._ce_buckets:
@@ -243,7 +248,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             if self._ce_next == 0:
                 ctx.ledger.window.collective("a gradient allreduce")  # of a step after an update not yet committed?
             flag = 1.0 if bucket.carries_flag and ctx.update_pending() else 0.0
-            bucket.work = ctx.pg.allreduce([bucket.launch_tensor(flag, self._ce_scalings[bucket.compressed])])
+            sent = bucket.launch_tensor(flag, self._ce_scalings[bucket.compressed])
+            if followers.is_follower(ctx):  # it contributes nothing but its membership flag (``commit.follow``)
+                sent.zero_()
+                if bucket.carries_flag:
+                    sent[-1:].fill_(flag)
+            bucket.work = ctx.pg.allreduce([sent])
             bucket.launched = True
             self._ce_next += 1
 

@@ -1,0 +1,340 @@
+"""Follow-mode admission: a newcomer trains along with the running workers while it receives their commit.
+
+Today's sync (``TorchState.sync``, ``comm.heal``) ends only when a newcomer has
+received the whole committed state, so the running workers' stall at the
+admitting commit grows with the state. In follow mode the admitting round's
+sync moves only its small parts (attributes, samplers, schedulers, the optimizer
+state's skeleton, in the broadcast it makes anyway); the newcomers join the
+round as *followers*:
+
+* a follower takes part in every gradient allreduce with a zero contribution
+  (its bucket zeroed before it is sent, the membership flag kept), and averages
+  divide by the number of *active* members (``comm.followers``); a user's
+  ``hvd.allreduce`` from a follower sends the op's identity (0 for a sum or an
+  average, +inf for a minimum...), so a metric is not polluted;
+* its ``ElasticSampler`` gives it a copy of an active member's shard, and
+  records batches as the active members do (``comm.followers.data_shard``): its samples
+  are not trained, and not counted as processed either; the window's effective
+  batch is the one before the admission;
+* at each commit (:func:`at_commit`, after the membership check) the holders
+  send it the next pieces of the committed state, at most
+  ``CLOUD_ELASTIC_FOLLOW_MB`` (4 MB) per commit, cut and shared among all
+  holders by ``comm.heal`` (each holder a part, point to point): every
+  parameter (with the optimizer state of the same shape, sliced alike) and
+  every other optimizer-state tensor, in a plan every member works out alike
+  from shapes (:func:`plan`). A commit is a step boundary, and what is sent
+  there is the commit itself, outside the window between an update and its
+  commit, so a holder's commit kept in place stays exact;
+* the follower applies every step's averaged gradients with the optimizer's own
+  ``step()`` to *all* its parameters. The supported optimizers update each
+  element from that element's parameter, gradient and state and the
+  parameter's one-element ``step`` (sent with the parameter's first piece),
+  so an element received stays equal to the holders' from then on, and an
+  element not received yet is overwritten when it arrives;
+* each commit after a piece arrived, every member adds up the bits of that
+  piece as it is now, one update later (a digest at the cost of a read of the
+  piece); at the commit after the last piece, rank 0's model buffers are sent
+  (BatchNorm statistics: each worker's own, as in a sync), and one allgather
+  compares every member's digests and state fingerprint. Equal: the follower
+  commits again, holds that commit and the whole round raises
+  :class:`FollowerActivated`, which ``elastic.run`` answers with a reset (the
+  samplers re-shard over every member) and no sync. Unequal: the same, with
+  today's full sync first.
+
+A follower holds no commit during the window (``ledger.following``), so a
+failure of anyone in it ends the round as any failure does: the survivors go
+back to their commits, and the next round's sync gives a surviving follower the
+whole state as today. Only rank 0 decides (:func:`decide`), and only where
+following is known to be exact; elsewhere the admission syncs as before:
+Gloo on CPU, replicas (no ``hvd.shard``), one ``TorchState`` whose
+optimizers are all ``DistributedOptimizer`` over ``SGD``, ``Adam``,
+``AdamW``, ``Adagrad`` or ``RMSprop``, one backward pass per step, every
+parameter of its models updated by one of them, no SyncBatchNorm or GradScaler,
+the newcomers in the highest ranks, and a state that has trained (commit 1 on).
+``CLOUD_ELASTIC_FOLLOW=0`` turns it off.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from cloud_elastic.worker.comm import collectives
+from cloud_elastic.worker.comm.compression import Compression
+from cloud_elastic.worker.comm.heal import Heal
+from cloud_elastic.worker.comm.skeleton import _join_tensors, allocate, state_limit
+from cloud_elastic.worker.commit.fingerprint import fingerprint
+from cloud_elastic.worker.commit.handlers import ModelHandler, OptimizerHandler, SnapshotHandler, StateDictHandler
+from cloud_elastic.worker.exceptions import HostsUpdatedInterrupt
+from cloud_elastic.worker.comm.followers import current, is_follower
+
+__all__ = ["FollowerActivated", "Window", "plan", "decide", "start", "after_sync", "at_commit", "complete"]
+
+log = logging.getLogger(__name__)
+
+#: The optimizers whose update is element by element (see the module docstring), by class.
+SUPPORTED = (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW, torch.optim.Adagrad, torch.optim.RMSprop)
+
+
+class FollowerActivated(HostsUpdatedInterrupt):
+    """Raised by ``commit()`` on every member at once when a follow window ends: the state was just committed,
+    nothing rolls back; ``elastic.run`` resets (samplers re-shard over every member) and, when ``sync``, first
+    gives the follower the whole state as before (its state did not match the holders')."""
+
+    def __init__(self, sync: bool) -> None:
+        super().__init__(skip_sync=not sync)
+        self.sync = sync
+
+
+@dataclass(frozen=True)
+class Slice:
+    """Elements ``start`` to ``stop`` of each tensor named by ``refs`` (same number of elements each)."""
+
+    refs: tuple[tuple[Any, ...], ...]
+    start: int
+    stop: int
+
+
+@dataclass
+class Window:
+    """One round's follow window, the same on every member."""
+
+    round: int
+    followers: list[int]
+    size: int
+    seq: int | None
+    plan: list[list[Slice]]
+    boundary: int = 0
+    digests: list[int] = field(default_factory=list)
+    bytes: int = 0
+
+    @property
+    def active(self) -> int:
+        return self.size - len(self.followers)
+
+
+# ------------------------------------------------------------------------------------------- the plan
+def _optimizers(state: Any) -> list[tuple[int, Any]]:
+    return [(i, h.value) for i, h in enumerate(state._handlers.values()) if isinstance(h, OptimizerHandler)]
+
+
+def _units(state: Any) -> list[tuple[list[tuple[Any, ...]], list[tuple[Any, ...]], int]]:
+    """Per parameter: the refs of the tensors sliced with it, of the other state tensors, and its size."""
+    units = []
+    handlers = list(state._handlers.values())
+    covered: set[int] = set()
+    for index, opt in _optimizers(state):
+        for g, group in enumerate(opt.param_groups):
+            for i, p in enumerate(group["params"]):
+                covered.add(id(p))
+                aligned, other = [("p", index, g, i)], []
+                for key in sorted(k for k, v in opt.state.get(p, {}).items() if isinstance(v, torch.Tensor)):
+                    ref = ("s", index, g, i, key)
+                    (aligned if opt.state[p][key].numel() == p.numel() and p.numel() > 1 else other).append(ref)
+                units.append((aligned, other, p.numel()))
+    for index, handler in enumerate(handlers):  # parameters no optimizer updates (frozen): sent once
+        if isinstance(handler, ModelHandler):
+            for name, p in handler.value.named_parameters():
+                if id(p) not in covered:
+                    units.append(([("m", index, name)], [], p.numel()))
+    return units
+
+
+def _tensor(state: Any, ref: tuple[Any, ...]) -> torch.Tensor:
+    handler = list(state._handlers.values())[ref[1]]
+    if ref[0] == "m":
+        return dict(handler.value.named_parameters())[ref[2]].detach()
+    p = handler.value.param_groups[ref[2]]["params"][ref[3]]
+    return p.detach() if ref[0] == "p" else handler.value.state[p][ref[4]]
+
+
+def plan(state: Any, budget: int) -> list[list[Slice]]:
+    """The pieces sent at each commit, at most ``budget`` bytes a commit (one slice more than that only when a
+    single element row is bigger), from the state's shapes alone: the same on every member."""
+    boundaries: list[list[Slice]] = []
+    filling: list[Slice] = []
+    used = 0
+
+    def put(piece: Slice, nbytes: int) -> None:
+        nonlocal filling, used
+        if filling and used + nbytes > budget:
+            boundaries.append(filling)
+            filling, used = [], 0
+        filling.append(piece)
+        used += nbytes
+
+    for aligned, other, _ in _units(state):
+        for ref in other:  # first: a parameter's step count arrives no later than its first elements
+            t = _tensor(state, ref)
+            step = max(1, budget // t.element_size())
+            for a in range(0, t.numel(), step):
+                put(Slice((ref,), a, min(t.numel(), a + step)), (min(t.numel(), a + step) - a) * t.element_size())
+        tensors = [_tensor(state, ref) for ref in aligned]
+        per = sum(t.element_size() for t in tensors)
+        n = tensors[0].numel()
+        step = max(1, budget // per)
+        for a in range(0, n, step):
+            put(Slice(tuple(aligned), a, min(n, a + step)), (min(n, a + step) - a) * per)
+    if filling:
+        boundaries.append(filling)
+    return boundaries
+
+
+def _views(state: Any, pieces: list[Slice]) -> list[torch.Tensor]:
+    """The live tensors' elements of ``pieces``, as views (resolved now: zero-copy commits move storages)."""
+    return [_tensor(state, ref).reshape(-1)[s.start: s.stop] for s in pieces for ref in s.refs]
+
+
+def _digest(views: list[torch.Tensor]) -> int:
+    total = 0
+    for v in views:
+        raw = v.view(torch.uint8)
+        total += int((raw.view(torch.int32) if raw.numel() % 4 == 0 else raw).sum(dtype=torch.int64))
+    return total & (2**62 - 1)
+
+
+# --------------------------------------------------------------------------------------- the decision
+def _refusal(ctx: Any, state: Any, receivers: list[int], root_seq: int | None) -> str:
+    """Why these receivers cannot follow ("" if they can); on rank 0, from its own state."""
+    info = ctx.info
+    if not ctx.settings.follow:
+        return "CLOUD_ELASTIC_FOLLOW=0"
+    if getattr(ctx.device, "type", "cpu") != "cpu" or ctx.backend != "gloo":
+        return "not Gloo on CPU"
+    if not receivers or receivers != list(range(info.size - len(receivers), info.size)) or 0 in receivers:
+        return "the receivers are not the newest ranks"
+    if not root_seq or info.from_checkpoint:
+        return "no trained commit to follow"
+    handlers = list(state._handlers.values())
+    if any(getattr(h, "sharded", False) for h in handlers):
+        return "sharded state"
+    if any(isinstance(h.value, torch.amp.GradScaler) for h in handlers if isinstance(h, StateDictHandler)):
+        return "a GradScaler"
+    opts = [h for h in handlers if isinstance(h, OptimizerHandler)]
+    models = [h for h in handlers if isinstance(h, ModelHandler)]
+    if not opts or not models:
+        return "no model and optimizer"
+    for h in opts:
+        opt = h.value
+        if not h.distributed or type(opt).__mro__[1] not in SUPPORTED:
+            return f"optimizer {type(opt).__mro__[min(1, len(type(opt).__mro__) - 1)].__name__} not followed"
+        if opt._ce_passes != 1 or opt._ce_compression not in (Compression.none, Compression.fp16, Compression.bf16):
+            return "several backward passes a step, or a custom compression"
+        if any(g.get("differentiable") or g.get("capturable") for g in opt.param_groups):
+            return "differentiable or capturable optimizer settings"
+    trained = {id(p) for h in opts for g in h.value.param_groups for p in g["params"]}
+    for h in models:
+        if any(p.requires_grad and id(p) not in trained for p in h.value.parameters()):
+            return "a model parameter that no DistributedOptimizer updates"
+        if any(isinstance(m, torch.nn.SyncBatchNorm) for m in h.value.modules()):
+            return "SyncBatchNorm"
+        if not all(t.is_contiguous() for t in h.value.state_dict().values() if isinstance(t, torch.Tensor)):
+            return "a non-contiguous tensor"
+    return ""
+
+
+def decide(ctx: Any, state: Any, receivers: list[int], root_seq: int | None) -> list[int]:
+    """On rank 0: the followers of this round's sync (its receivers), or [] for today's full sync."""
+    if getattr(ctx, "follow_ended_round", None) == ctx.info.round:
+        return []  # a window of this round ended unequal: the sync that follows gives the whole state
+    why = _refusal(ctx, state, receivers, root_seq)
+    if why:
+        if receivers:
+            log.info("worker %s: rank(s) %s receive the whole commit in the sync (no follow mode: %s)",
+                     ctx.worker_id, receivers, why)
+        return []
+    return list(receivers)
+
+
+def start(ctx: Any, state: Any, followers: list[int], skeletons: list[Any], seq: int | None) -> None:
+    """Every member, in the admitting sync once the small parts came: open the window. A follower builds its
+    optimizers' state from rank 0's skeletons (empty tensors: memory is touched as the pieces arrive)."""
+    info = ctx.info
+    if info.rank in followers:
+        for (_, opt), shape in zip(_optimizers(state), skeletons):
+            tensors = allocate(shape, "optimizer state", state_limit(opt))  # empty: pages touched as pieces come
+            for t in tensors:
+                if t.numel() == 1:
+                    t.zero_()  # a step count: a garbage one fails the update (Adam's beta ** step overflows)
+            opt.load_state_dict(_join_tensors(shape, tensors))
+    window = Window(info.round, list(followers), info.size, seq, plan(state, ctx.settings.follow_bytes))
+    ctx.following = window
+    for handler in state._handlers.values():
+        reset = getattr(handler.value, "reset", None)
+        if type(handler).__name__ == "SamplerHandler" and reset is not None:
+            reset()  # the active members' shards (a follower copies one)
+    total = sum(s.stop - s.start for b in window.plan for s in b)
+    log.info("worker %s: rank(s) %s follow from commit %s: %d piece(s) over %d commit(s) (%d elements)",
+             ctx.worker_id, followers, seq, sum(len(b) for b in window.plan), len(window.plan), total)
+
+
+def after_sync(ctx: Any) -> None:
+    """After the admitting sync's state is held: a follower holds no commit until its window ends."""
+    follower = is_follower(ctx)
+    ctx.ledger.following = follower
+    if follower:
+        ctx.ledger.holds_commit = False
+
+
+def _resave(state: Any) -> None:
+    """A follower's commit is its live state again (its version counters too), without closing a window."""
+    for handler in state._handlers.values():
+        if isinstance(handler, SnapshotHandler):
+            handler.save()
+
+
+def at_commit(ctx: Any, state: Any) -> None:
+    """Every member, after a commit's membership check: send the next pieces, or end the window."""
+    window = current(ctx)
+    if window is None:
+        return
+    follower = ctx.info.rank in window.followers
+    with torch.no_grad():
+        if window.boundary > 0:
+            window.digests.append(_digest(_views(state, window.plan[window.boundary - 1])))
+        if window.boundary < len(window.plan):
+            heal = Heal(window.followers, window.size, window.seq)
+            heal.tensors(_views(state, window.plan[window.boundary]), "the commit, following")
+            window.boundary += 1
+            window.bytes += heal.bytes
+            if follower:
+                _resave(state)
+            return
+        heal = Heal(window.followers, window.size, window.seq)
+        for handler in state._handlers.values():
+            if isinstance(handler, ModelHandler):
+                sd = handler.value.state_dict()
+                params = {name for name, _ in handler.value.named_parameters(remove_duplicate=False)}
+                heal.buffers({k: v for k, v in sd.items() if k not in params})
+        mark = int(fingerprint(state) or "0", 16) & (2**62 - 1)
+        mine = torch.tensor([window.digests + [mark]], dtype=torch.int64)
+        rows = collectives.allgather(mine, "follow digests")
+    equal = bool((rows == rows[0:1]).all())
+    ctx.following = None
+    ctx.ledger.following = False
+    if follower:
+        _resave(state)
+        ctx.ledger.holds_commit = equal
+    if not equal:
+        ctx.follow_ended_round = ctx.info.round
+        log.warning("worker %s: the followers' state differs from the holders' at the end of the window; they "
+                    "receive the whole commit now", ctx.worker_id)
+    else:
+        log.info("worker %s: rank(s) %s follow no more: %s moved here in %d commit(s), every digest equal",
+                 ctx.worker_id, window.followers, f"{window.bytes / 1e3:.1f} kB", len(window.plan))
+    raise FollowerActivated(sync=not equal)
+
+
+def complete(ctx: Any, state: Any) -> bool:
+    """The training function returned with a window open (on every member, at the same step): the rest of the
+    state moves now, all at once, so that every worker ends with the same state. Returns whether the follower did
+    not match (the caller then syncs it whole)."""
+    while current(ctx) is not None:
+        try:
+            at_commit(ctx, state)
+        except FollowerActivated as exc:
+            return exc.sync
+    return False

@@ -1,0 +1,103 @@
+"""Training script of ``test_follow_admission.py``: a small model whose whole state changes every step.
+
+EVENT lines (as ``probe.py``'s): ``entered`` (each entry into the training function: round, size, step, a
+checksum of the parameters and the optimizer state, and one of the BatchNorm buffers), ``commit``, ``metric`` (an
+``hvd.allreduce`` average of ``rank + 1`` made in the loop, and whether this worker's round had a follower
+then) and ``done`` (the same checksum at the end). The library's INFO lines are shown (what follows, what moved).
+"""
+
+from __future__ import annotations
+
+import argparse
+import faulthandler
+import hashlib
+import json
+import logging
+import os
+import signal
+import time
+
+import torch
+import torch.nn.functional as F
+
+import cloud_elastic.torch as hvd
+from cloud_elastic.worker.context import get_context
+from cloud_elastic.worker.comm import followers
+
+logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
+
+
+def event(kind: str, **fields: object) -> None:
+    fields.update(kind=kind, worker=os.environ.get("CLOUD_ELASTIC_WORKER_ID"), pid=os.getpid())
+    print("EVENT " + json.dumps(fields), flush=True)
+
+
+def checksum(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> str:
+    """Of the parameters and the optimizer state: the same on every replica."""
+    h = hashlib.sha256()
+    for t in model.parameters():
+        h.update(t.detach().contiguous().numpy().tobytes())
+    for p_state in optimizer.state_dict()["state"].values():
+        for key in sorted(p_state):
+            if isinstance(p_state[key], torch.Tensor):
+                h.update(p_state[key].detach().contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def buffers(model: torch.nn.Module) -> str:
+    """Of the BatchNorm statistics: each worker's own (a newcomer gets rank 0's)."""
+    return hashlib.sha256(b"".join(b.numpy().tobytes() for b in model.buffers())).hexdigest()[:16]
+
+
+def main() -> None:
+    faulthandler.register(signal.SIGUSR1)
+    p = argparse.ArgumentParser()
+    p.add_argument("--optimizer", choices=["sgd", "adam", "unsupported"], default="sgd")
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--step-sleep", type=float, default=0.05)
+    p.add_argument("--stop-when", default="")
+    p.add_argument("--metric", action="store_true", help="an hvd.allreduce of rank + 1 every step")
+    args = p.parse_args()
+    hvd.init()
+    torch.manual_seed(0 if os.environ.get("CLOUD_ELASTIC_HOSTNAME") != "127.0.0.3" else 7)  # a newcomer's own init
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.BatchNorm1d(16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    if args.optimizer == "adam":
+        base = torch.optim.Adam(model.parameters(), lr=0.01)
+    elif args.optimizer == "sgd":
+        base = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    else:  # a subclass: its step may do anything, so nobody follows it
+        base = type("MySGD", (torch.optim.SGD,), {})(model.parameters(), lr=0.05, momentum=0.9)
+    optimizer = hvd.DistributedOptimizer(base)
+    state = hvd.elastic.TorchState(model, optimizer, step=0)
+
+    def more() -> bool:
+        if state.step < args.steps:
+            return True
+        return bool(args.stop_when) and not hvd.broadcast_object(os.path.exists(args.stop_when), root_rank=0)
+
+    @hvd.elastic.run
+    def train(state: hvd.elastic.TorchState) -> None:
+        event("entered", rank=hvd.rank(), size=hvd.size(), round=get_context().info.round, step=state.step,
+              checksum=checksum(model, optimizer), buffers=buffers(model), following=followers.current(get_context()) is not None)
+        while more():
+            g = torch.Generator().manual_seed(state.step * 1000 + hvd.rank())
+            x = torch.randn(8, 8, generator=g)
+            optimizer.zero_grad()
+            F.mse_loss(model(x), x.sum(1, keepdim=True)).backward()
+            optimizer.step()
+            if args.metric:
+                window = followers.current(get_context()) is not None
+                value = hvd.allreduce(torch.tensor([float(hvd.rank() + 1)]), name="metric")
+                event("metric", rank=hvd.rank(), size=hvd.size(), step=state.step, value=float(value),
+                      following=window)
+            state.step += 1
+            state.commit()
+            event("commit", rank=hvd.rank(), size=hvd.size(), step=state.step)
+            time.sleep(args.step_sleep)
+
+    train(state)
+    event("done", rank=hvd.rank(), size=hvd.size(), step=state.step, checksum=checksum(model, optimizer))
+
+
+if __name__ == "__main__":
+    main()
