@@ -19,7 +19,9 @@ repeat, each system as it admits one:
 Per repeat: the *normal step* (median interval between a survivor's consecutive
 completed steps over the 2 s before the host was added), the *longest gap*
 between consecutive completed steps of a survivor from the host's addition to
-0.5 s after the first step at size 3 (for torchrun, whose workers are all
+0.5 s after the first step at size 3, or after the first step at which the
+newcomer no longer follows (cloud-elastic's follow mode, ``commit.follow``: the
+window in which it receives the state counts; its length is reported) (for torchrun, whose workers are all
 restarted: from the old group's last step to the new group's first), the
 *stall* (longest gap − normal step), the *admitting step's gap* (the longest
 gap ending within 0.1 s of the first step at size 3: torchft reports the
@@ -30,9 +32,11 @@ The systems take turns within each repeat, so a slow minute hits each of them.
 
 ``--state-mb 10,100,1000`` (the default; 10 with ``--quick``; ``none`` for
 none) adds, per size, a row of cloud-elastic whose state carries that many MB
-more (``workload.py --state-mb``: an entry of the optimizer's state that no step
-reads, so the step time stays the small model's while every sync carries it to
-the newcomer), in the same rounds. Each job's peak resident memory (every
+more (``workload.py --state-mb``: an entry of the optimizer's state of which each
+step changes 64 KiB, a different part each step, so the step time stays the small
+model's while every sync carries it to the newcomer and a follower must follow
+its changes), in the same rounds; ``--against`` adds the other checkout's rows at
+each size too. Each job's peak resident memory (every
 process of the job, summed; sampled every 0.2 s) is reported.
 
 ``--against DIR`` adds a row of cloud-elastic run from another checkout (a ``git
@@ -415,9 +419,12 @@ def main() -> None:
                       flush=True)
     # cloud-elastic, its rows with more state, then the peers.
     order = [CLOUD_ELASTIC, *sizes.values(), *(n for n in rows if n != CLOUD_ELASTIC and n not in sizes.values())]
-    more = (" *+N MB of state*: the same job with N MB (10^6 bytes) more in the optimizer's state, an entry no step "
-            "reads (`workload.py --state-mb`): every sync carries it to the newcomer, and a commit kept in place "
-            "copies none of it, so the normal step stays the small model's." if sizes else "")
+    more = (" *+N MB of state*: the same job with N MB (10^6 bytes) more in the optimizer's state, an entry of which "
+            "each step changes 64 KiB, a different part each step (`workload.py --state-mb`): every sync carries it "
+            "to the newcomer, a follower must follow its changes, and a commit kept in place copies none of it, so "
+            "the normal step stays the small model's. *Newcomer follows*: from its first step to the first step at "
+            "which it no longer follows (cloud-elastic's follow mode); the longest gap is looked for until 0.5 s "
+            "after that." if sizes else "")
     docsection.publish(args, "host-added", SECTION,
                        f"{stamp(command())}{more} Peak RSS: every process of the job (driver, workers, newcomer; for "
                        f"torchft without the Lighthouse), summed, the largest over the repeats.\n\n"

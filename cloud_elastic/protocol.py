@@ -396,6 +396,9 @@ class PollRequest:
     elastic: bool = False
     stacks_signal: bool | None = None  # it prints its stacks on the driver's signal (None: an older worker)
     trained: str = ""  # the fingerprint of its last commit's state (see RendezvousRequest)
+    #: Whether it can restore its last commit exactly (see RendezvousRequest); False while it follows in its round
+    #: (``worker.commit.follow``: it has no whole state yet). None: an older worker, which says so at rendezvous only.
+    holds_commit: bool | None = None
 
     def to_wire(self) -> dict[str, Any]:
         # A literal, not asdict(): sent twice a second by every worker (asdict was ~15 % of a heartbeat).
@@ -405,7 +408,7 @@ class PollRequest:
                 "comm_s": self.comm_s, "link": None if self.link is None else self.link.to_wire(),
                 "flight": None if self.flight is None else self.flight.to_wire(), "pause_s": self.pause_s,
                 "next_plan": self.next_plan, "elastic": self.elastic, "stacks_signal": self.stacks_signal,
-                "trained": self.trained}
+                "trained": self.trained, "holds_commit": self.holds_commit}
 
     @classmethod
     def from_wire(cls, msg: Mapping[str, Any]) -> "PollRequest":
@@ -420,7 +423,8 @@ class PollRequest:
                    _optional_seconds(msg, "pause_s", what), _optional_int(msg, "next_plan", what),
                    msg.get("elastic") is not None and _bool(msg, "elastic", what),
                    None if msg.get("stacks_signal") is None else _bool(msg, "stacks_signal", what),
-                   fingerprint_field(msg, what))
+                   fingerprint_field(msg, what),
+                   None if msg.get("holds_commit") is None else _bool(msg, "holds_commit", what))
 
 
 @dataclass(frozen=True)

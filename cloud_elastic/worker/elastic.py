@@ -217,7 +217,6 @@ def _hold_synced_state(ctx: WorkerContext, state: State) -> None:
         return
     state.save()
     ctx.ledger.hold_commit(ctx.ledger.sync_root_seq, fingerprint(state))
-    follow.after_sync(ctx)  # a follower holds no commit until its window ends
 
 
 def _rejoin(ctx: WorkerContext, reason: str, state: State) -> bool:

@@ -259,7 +259,7 @@ class CommitLedger:
         """The state (live and saved) is now commit ``seq`` of the job, of that ``fingerprint``
         (``commit.fingerprint``): after a sync or a checkpoint load."""
         self._live_seq = self.commit_seq = max(0, int(seq))
-        self.holds_commit = True
+        self.holds_commit = not self.following  # a follower holds no commit until its window ends
         self._trained, self._in_a_row = fingerprint, False
         self._steps.clear()
 

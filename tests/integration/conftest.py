@@ -24,3 +24,11 @@ def jobs():
             print(job.output()[-30000:])
             job.kill()
 
+
+
+@pytest.fixture
+def full_sync(monkeypatch):
+    """Admissions by today's whole state sync: a newcomer holds the state at its first entry. For the tests of that
+    sync and of what relies on it; follow-mode admission (``worker/commit/follow.py``), where a newcomer holds it a
+    few commits later, has its own (``test_follow_admission.py``)."""
+    monkeypatch.setenv("CLOUD_ELASTIC_FOLLOW", "0")

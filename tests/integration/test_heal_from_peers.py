@@ -16,7 +16,7 @@ import pytest
 
 from tests.integration.harness import REPO, HostsFile
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(90), pytest.mark.usefixtures("full_sync")]
 
 HEAL_PROBE = REPO / "tests" / "integration" / "heal_probe.py"
 PROBE = REPO / "tests" / "integration" / "probe.py"

@@ -34,7 +34,7 @@ from tests.integration.events_check import of, read_events
 from tests.integration.harness import REPO, HostsFile, probe_cmd, worker_on
 from tests.integration.test_status import runtime_dir, status  # noqa: F401 (runtime_dir is a fixture)
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180), pytest.mark.usefixtures("full_sync")]
 
 FIVE = [f"127.0.0.{i}" for i in range(1, 6)]
 _READY = re.compile(r"(\d+) of (\d+) spare\(s\) ready: (.+)$")

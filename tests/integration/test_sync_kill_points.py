@@ -26,7 +26,7 @@ import pytest
 
 from tests.integration.harness import HostsFile
 
-pytestmark = [pytest.mark.integration]
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("full_sync")]
 
 PROBE = str(Path(__file__).with_name("sync_probe.py"))
 OLD = ["127.0.0.1", "127.0.0.2"]

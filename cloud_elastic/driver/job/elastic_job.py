@@ -242,7 +242,8 @@ class ElasticJob(JobState):
     def heartbeat(self, worker_id: str, now: float, commits: int | None = None,
                   commit_seq: int | None = None, progress: int | None = None, steps: int | None = None,
                   waiting_s: float | None = None, compute_s: float | None = None, comm_s: float | None = None,
-                  link: LinkReport | None = None, trained: str = "") -> PollReply | None:
+                  link: LinkReport | None = None, trained: str = "", holds_commit: bool | None = None
+                  ) -> PollReply | None:
         """A worker's heartbeat; None if the worker is unknown or already given up.
 
         ``progress`` is the worker's progress counter (see ``worker.link.progress``):
@@ -250,7 +251,8 @@ class ElasticJob(JobState):
         is stuck. ``waiting_s`` is how long it has been waiting in one collective;
         ``compute_s`` its compute time per step (None until it has one; see :mod:`.health`), ``comm_s`` its
         time in collectives per step; ``link`` its link probe (see :mod:`.links`); ``trained`` the fingerprint of its
-        last commit's state (see :class:`.repeats.Trained`).
+        last commit's state (see :class:`.repeats.Trained`); ``holds_commit`` whether it can restore that commit (a
+        follower cannot, ``worker.commit.follow``: no holder's host may go on the strength of it; None: not said).
         """
         w = self.workers.get(worker_id)
         if w is None or not w.alive:
@@ -258,6 +260,8 @@ class ElasticJob(JobState):
         w.last_seen = max(w.last_seen, running := self._clock(now))  # a held poll's arrival may precede a later call
         self.note_commits(w, commits, None if w.state is S.WAITING else commit_seq,  # waiting: rendezvous says it
                           trained=trained)
+        if holds_commit is not None and w.state is not S.WAITING:
+            w.commit_lost = not holds_commit
         self.stopping.heard(w, now)  # how often it commits: whether a stop waits for its next commit
         if progress is not None and progress != w.progress:
             w.progress, w.progress_at = progress, running

@@ -205,7 +205,8 @@ class ControlPlane:
             # At its arrival (``now``): a held poll's later looks bring no news of the worker (see liveness).
             reply = self._job.heartbeat(worker_id, now, request.commits, request.commit_seq,
                                         request.progress, request.steps, request.waiting_s, request.compute_s,
-                                        comm_s=request.comm_s, link=request.link, trained=request.trained)
+                                        comm_s=request.comm_s, link=request.link, trained=request.trained,
+                                        holds_commit=request.holds_commit)
             if reply is None:
                 return PollReply(0, 0, 0, True).to_wire()
             rounds = self._job.rounds

@@ -69,9 +69,9 @@ from cloud_elastic.worker.comm.skeleton import _join_tensors, allocate, state_li
 from cloud_elastic.worker.commit.fingerprint import fingerprint
 from cloud_elastic.worker.commit.handlers import ModelHandler, OptimizerHandler, SnapshotHandler, StateDictHandler
 from cloud_elastic.worker.exceptions import HostsUpdatedInterrupt
-from cloud_elastic.worker.comm.followers import current, is_follower
+from cloud_elastic.worker.comm.followers import current
 
-__all__ = ["FollowerActivated", "Window", "plan", "decide", "start", "after_sync", "at_commit", "complete"]
+__all__ = ["FollowerActivated", "Window", "plan", "decide", "start", "at_commit", "complete"]
 
 log = logging.getLogger(__name__)
 
@@ -262,6 +262,7 @@ def start(ctx: Any, state: Any, followers: list[int], skeletons: list[Any], seq:
             opt.load_state_dict(_join_tensors(shape, tensors))
     window = Window(info.round, list(followers), info.size, seq, plan(state, ctx.settings.follow_bytes))
     ctx.following = window
+    ctx.ledger.following = info.rank in followers  # its commits hold nothing of the job's until the window ends
     for handler in state._handlers.values():
         reset = getattr(handler.value, "reset", None)
         if type(handler).__name__ == "SamplerHandler" and reset is not None:
@@ -269,14 +270,6 @@ def start(ctx: Any, state: Any, followers: list[int], skeletons: list[Any], seq:
     total = sum(s.stop - s.start for b in window.plan for s in b)
     log.info("worker %s: rank(s) %s follow from commit %s: %d piece(s) over %d commit(s) (%d elements)",
              ctx.worker_id, followers, seq, sum(len(b) for b in window.plan), len(window.plan), total)
-
-
-def after_sync(ctx: Any) -> None:
-    """After the admitting sync's state is held: a follower holds no commit until its window ends."""
-    follower = is_follower(ctx)
-    ctx.ledger.following = follower
-    if follower:
-        ctx.ledger.holds_commit = False
 
 
 def _resave(state: Any) -> None:

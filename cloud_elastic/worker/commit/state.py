@@ -313,6 +313,7 @@ class TorchState(ObjectState):
         ctx = get_context()
         ledger = ctx.ledger
         ledger.window.discard()
+        ledger.following = False  # until this sync makes it a follower again (``follow.start``)
         replicas = ctx.info is not None and any(isinstance(h, SnapshotHandler) and not getattr(h, "sharded", False)
                                                 for h in self._handlers.values())
         small = self._small_state(ctx, replicas)  # first: it tells every worker rank 0's commit (sync_facts)

@@ -318,7 +318,8 @@ class DriverLinkMixin:
                                 flight=self._flight_entry(),
                                 pause_s=pauses.expected_s(first_step=self._first_step_of_round()),
                                 next_plan=self.next_plan, elastic=getattr(self, "elastic_entered", False),
-                                stacks_signal=stacks_signal_armed(), trained=self._trained()).to_wire(),
+                                stacks_signal=stacks_signal_armed(), trained=self._trained(),
+                                holds_commit=self.ledger.holds_commit).to_wire(),
                     timeout_s=self.heartbeat_timeout_s + 10,
                 ))
                 if reply.reregister:

@@ -1,0 +1,71 @@
+"""The follow window's plan (``worker/commit/follow.py:plan``) and a follower's share of a reduction
+(``worker/comm/followers.py:identity_fill``): pure functions of shapes and ops."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from cloud_elastic.worker.comm import followers
+from cloud_elastic.worker.comm.ops import Average, Max, Min, Product, Sum
+from cloud_elastic.worker.commit.follow import _tensor, plan
+from cloud_elastic.worker.commit.handlers import ModelHandler, OptimizerHandler
+
+
+def _state():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Linear(5, 1))
+    model[1].bias.requires_grad_(False)  # frozen, outside the optimizer: sent once, as a parameter of its own
+    opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=0.1)
+    model(torch.randn(3, 6)).sum().backward()
+    opt.step()
+    opt.state[model[0].weight]["extra"] = torch.zeros(37)  # an entry of another shape (the benchmark's ballast)
+    return SimpleNamespace(_handlers={"model": ModelHandler(model), "optimizer": OptimizerHandler(opt)}), model, opt
+
+
+@pytest.mark.parametrize("budget", [1, 40, 100, 10_000])
+def test_every_element_is_sent_once_within_the_budget(budget):
+    state, model, opt = _state()
+    boundaries = plan(state, budget)
+    seen: dict[tuple, list[int]] = {}
+    for pieces in boundaries:
+        size = sum((s.stop - s.start) * sum(_tensor(state, r).element_size() for r in s.refs) for s in pieces)
+        assert size <= budget or len(pieces) == 1  # one piece more than the budget only when it alone is bigger
+        for s in pieces:
+            for ref in s.refs:
+                seen.setdefault(ref, []).extend(range(s.start, s.stop))
+    tensors = {ref: _tensor(state, ref) for ref in seen}
+    assert all(sorted(seen[ref]) == list(range(t.numel())) for ref, t in tensors.items())
+    expected = sum(len(s) for s in opt.state.values()) + sum(1 for _ in model.parameters())
+    assert len(seen) == expected  # every parameter (the frozen one too) and every state tensor
+
+
+def test_a_parameters_step_count_comes_no_later_than_its_first_elements():
+    state, _, opt = _state()
+    order = [(ref, s.start) for pieces in plan(state, 16) for s in pieces for ref in s.refs]
+    for index in range(len(opt.param_groups[0]["params"])):
+        step_at = order.index((("s", 1, 0, index, "step"), 0))
+        first = order.index((("p", 1, 0, index), 0))
+        assert step_at < first
+
+
+def test_the_plan_is_the_same_from_the_same_shapes():
+    a, _, _ = _state()
+    b, _, _ = _state()
+    assert plan(a, 64) == plan(b, 64)
+
+
+@pytest.mark.parametrize("op,dtype,others,expected", [
+    (Sum, torch.float32, [1.5, 2.0], 3.5), (Average, torch.float32, [1.5, 2.0], 3.5),
+    (Product, torch.float32, [1.5, 2.0], 3.0), (Min, torch.float32, [1.5, 2.0], 1.5),
+    (Max, torch.float32, [-1.5, -2.0], -1.5), (Min, torch.int64, [4, 7], 4), (Max, torch.int32, [-4, -7], -4),
+])
+def test_a_followers_share_of_a_reduction_changes_nothing(op, dtype, others, expected):
+    mine = torch.full((3,), 123, dtype=dtype)
+    followers.identity_fill(mine, op)
+    values = torch.stack([torch.full((3,), v, dtype=dtype) for v in others] + [mine])
+    reduced = {Sum: values.sum(0), Average: values.sum(0), Product: values.prod(0), Min: values.min(0).values,
+               Max: values.max(0).values}[op]
+    assert reduced.tolist() == [expected] * 3
