@@ -251,8 +251,7 @@ class ElasticJob(JobState):
         is stuck. ``waiting_s`` is how long it has been waiting in one collective;
         ``compute_s`` its compute time per step (None until it has one; see :mod:`.health`), ``comm_s`` its
         time in collectives per step; ``link`` its link probe (see :mod:`.links`); ``trained`` the fingerprint of its
-        last commit's state (see :class:`.repeats.Trained`); ``holds_commit`` whether it can restore that commit (a
-        follower cannot, ``worker.commit.follow``: no holder's host may go on the strength of it; None: not said).
+        last commit's state (see :class:`.repeats.Trained`); ``holds_commit``: it can restore it (not a follower).
         """
         w = self.workers.get(worker_id)
         if w is None or not w.alive:
