@@ -408,7 +408,7 @@ def main() -> None:
                 scenario = make(Path(tempfile.mkdtemp(dir=root)))
                 try:
                     raw = one_admission(scenario, bound)
-                except Miss as exc:
+                except (Miss, TimeoutError, JobExited) as exc:  # a job that never got going is a miss too
                     print(f"{name}: repeat {i + 1}: {str(exc).splitlines()[0]}", flush=True)
                     rows[name]["misses"] += 1
                     continue

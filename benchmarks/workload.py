@@ -92,6 +92,12 @@ def add_state(optimizer: torch.optim.Optimizer, args: argparse.Namespace) -> Non
     if args.state_mb:
         first = optimizer.param_groups[0]["params"][0]
         optimizer.state[first]["ballast"] = torch.full((int(args.state_mb * 1e6) // 4,), 0.5)
+        if args.state_mb > 200:
+            # A receiver takes at most 256 times its optimizer's parameter bytes (plus 64 MiB) of state from a peer
+            # (``comm.skeleton.state_limit``: more is "corrupt or forged"): a frozen parameter of 1/200 of the entry
+            # raises that bound. It trains nothing and is in no bucket: the step stays the small model's.
+            frozen = torch.nn.Parameter(torch.zeros(int(args.state_mb * 1e6) // 200 // 4), requires_grad=False)
+            optimizer.add_param_group({"params": [frozen]})
 
 
 #: Elements of the ``--state-mb`` entry that change at each step (64 KiB), at an offset that moves on each step.

@@ -258,8 +258,9 @@ class CommitLedger:
     def hold_commit(self, seq: int, fingerprint: str = "") -> None:
         """The state (live and saved) is now commit ``seq`` of the job, of that ``fingerprint``
         (``commit.fingerprint``): after a sync or a checkpoint load."""
-        self._live_seq = self.commit_seq = max(0, int(seq))
+        # First: the heartbeat thread must never see the new sequence next to a follower's stale True.
         self.holds_commit = not self.following  # a follower holds no commit until its window ends
+        self._live_seq = self.commit_seq = max(0, int(seq))
         self._trained, self._in_a_row = fingerprint, False
         self._steps.clear()
 
