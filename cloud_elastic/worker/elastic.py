@@ -148,6 +148,7 @@ def _run(func: Callable[..., Any], state: State, *args: Any, **kwargs: Any) -> A
                 if info is not None and info.from_checkpoint and (
                         info.rank == 0 if durable is None else durable.loads_here(info)):
                     _load_checkpoint(ctx, durable, state)  # CollectiveError: a host-mate was lost in a sharded load
+                follow.shed(ctx, state)  # a newcomer: what it will not keep goes before the running workers wait
                 _sync(ctx, state)
             except CollectiveError as exc:
                 log.warning("state sync failed (%s); rejoining", exc)
