@@ -167,6 +167,9 @@ class CommitLedger:
         self.sync_root_seq: int | None = None
         #: The ranks the running (or last) sync gives rank 0's commit: those that do not hold it.
         self.sync_receivers: list[int] = []
+        #: On rank 0, from the sync's gather: a key of each rank's host (``commit.follow`` wants the commit's
+        #: holders on two hosts at least); None elsewhere.
+        self.sync_hosts: list[int] | None = None
         #: A sync's facts (see ``commit.sync_facts``): gathered (``sync_begun``), on rank 0 waiting to be sent
         #: (``sync_pending``), and learnt by this worker (``sync_known``: ``sync_root_seq`` and
         #: ``sync_receivers`` are this sync's).

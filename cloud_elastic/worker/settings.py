@@ -205,9 +205,11 @@ class WorkerSettings:
     zero_copy_commit: bool = True
     #: ``CLOUD_ELASTIC_FOLLOW=0`` turns follow-mode admission off (every newcomer gets the whole state in the
     #: sync, as before; see ``commit.follow``); ``CLOUD_ELASTIC_FOLLOW_MB``: the bytes of the committed state
-    #: sent to a follower at each commit (MB, 10^6 bytes).
+    #: sent to a follower at each commit (MB, 10^6 bytes); ``CLOUD_ELASTIC_FOLLOW_WINDOW_S``: once a window has
+    #: lasted this long, the rest of the commit moves at the next commit, all at once.
     follow: bool = True
     follow_bytes: int = 4_000_000
+    follow_window_s: float = 30.0
     #: ``CLOUD_ELASTIC_COMMIT_MODE``: ``auto`` (updates run in place, keeping nothing, once the loop is
     #: seen to commit right after each step; see ``window``) or ``snapshot`` (always keep the committed values).
     commit_mode: str = "auto"
@@ -341,6 +343,7 @@ class WorkerSettings:
             zero_copy_commit=flag("CLOUD_ELASTIC_ZERO_COPY_COMMIT"),
             follow=flag("CLOUD_ELASTIC_FOLLOW"),
             follow_bytes=max(1, int(number("CLOUD_ELASTIC_FOLLOW_MB", "4", float) * 1e6)),
+            follow_window_s=max(0.0, number("CLOUD_ELASTIC_FOLLOW_WINDOW_S", "30", float)),
             commit_mode=env.get("CLOUD_ELASTIC_COMMIT_MODE", "auto").strip().lower(),
             malloc_tuning=flag("CLOUD_ELASTIC_MALLOC_TUNING") and not any(n in env for n in _GLIBC_MALLOC_SETTINGS),
             secret=secret,

@@ -57,10 +57,13 @@ def main() -> None:
     p.add_argument("--step-sleep", type=float, default=0.05)
     p.add_argument("--stop-when", default="")
     p.add_argument("--metric", action="store_true", help="an hvd.allreduce of rank + 1 every step")
+    p.add_argument("--width", type=int, default=16, help="of the hidden layer")
+    p.add_argument("--nan-guard", action="store_true", help="raise on a non-finite loss, as many loops do")
     args = p.parse_args()
     hvd.init()
     torch.manual_seed(0 if os.environ.get("CLOUD_ELASTIC_HOSTNAME") != "127.0.0.3" else 7)  # a newcomer's own init
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.BatchNorm1d(16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    w = args.width
+    model = torch.nn.Sequential(torch.nn.Linear(8, w), torch.nn.BatchNorm1d(w), torch.nn.ReLU(), torch.nn.Linear(w, 1))
     if args.optimizer == "adam":
         base = torch.optim.Adam(model.parameters(), lr=0.01)
     elif args.optimizer == "sgd":
@@ -83,7 +86,10 @@ def main() -> None:
             g = torch.Generator().manual_seed(state.step * 1000 + hvd.rank())
             x = torch.randn(8, 8, generator=g)
             optimizer.zero_grad()
-            F.mse_loss(model(x), x.sum(1, keepdim=True)).backward()
+            loss = F.mse_loss(model(x), x.sum(1, keepdim=True))
+            if args.nan_guard and not bool(torch.isfinite(loss)):
+                raise RuntimeError(f"non-finite loss {float(loss)} at step {state.step}")
+            loss.backward()
             optimizer.step()
             if args.metric:
                 window = followers.current(get_context()) is not None

@@ -6,13 +6,14 @@ call, and a round with nobody following answers from one attribute of the contex
 
 from __future__ import annotations
 
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 import torch
 
 from cloud_elastic.worker.comm.ops import Average, Max, Min, Product, Sum
 
-__all__ = ["current", "averaging_size", "is_follower", "data_shard", "identity_fill"]
+__all__ = ["current", "averaging_size", "is_follower", "pending", "received_only", "data_shard", "identity_fill"]
 
 
 def current(ctx: Any) -> Any:
@@ -33,6 +34,30 @@ def is_follower(ctx: Any) -> bool:
     """Whether this worker follows in its round (its contributions to reductions must change nothing)."""
     window = current(ctx)
     return window is not None and ctx.info.rank in window.followers
+
+
+def pending(ctx: Any, param: torch.Tensor) -> bool:
+    """Whether this worker follows and none of ``param``'s committed state has arrived yet: it must not update
+    it (what it holds of it is its own, or zeros; the update would read state it never received)."""
+    window = current(ctx)
+    return window is not None and ctx.info.rank in window.followers and window.first.get(id(param), -1) >= window.boundary
+
+
+@contextmanager
+def received_only(ctx: Any, optimizer: torch.optim.Optimizer) -> Iterator[None]:
+    """Around a follower's update: the parameters still :func:`pending` have no gradient (torch's optimizers skip
+    them), and get it back afterwards. Elsewhere, nothing."""
+    held = []
+    if is_follower(ctx):
+        held = [(p, p.grad) for group in optimizer.param_groups for p in group["params"]
+                if p.grad is not None and pending(ctx, p)]
+        for p, _ in held:
+            p.grad = None
+    try:
+        yield
+    finally:
+        for p, grad in held:
+            p.grad = grad
 
 
 def data_shard(ctx: Any) -> tuple[int, int]:

@@ -18,7 +18,9 @@ round as *followers*:
   batch is the one before the admission;
 * at each commit (:func:`at_commit`, after the membership check) the holders
   send it the next pieces of the committed state, at most
-  ``CLOUD_ELASTIC_FOLLOW_MB`` (4 MB) per commit, cut and shared among all
+  ``CLOUD_ELASTIC_FOLLOW_MB`` (4 MB) per commit (once the window has lasted
+  ``CLOUD_ELASTIC_FOLLOW_WINDOW_S`` on rank 0, which says so in a one-element
+  broadcast each commit, the whole rest at the next one), cut and shared among all
   holders by ``comm.heal`` (each holder a part, point to point): every
   parameter (with the optimizer state of the same shape, sliced alike) and
   every other optimizer-state tensor, in a plan every member works out alike
@@ -26,7 +28,10 @@ round as *followers*:
   there is the commit itself, outside the window between an update and its
   commit, so a holder's commit kept in place stays exact;
 * the follower applies every step's averaged gradients with the optimizer's own
-  ``step()`` to *all* its parameters. The supported optimizers update each
+  ``step()`` to the parameters whose first piece has arrived (the others have
+  no gradient during its update, ``followers.received_only``, and keep the
+  script's own values; a parameter's state is zeroed before its first piece,
+  so what it updates is finite). The supported optimizers update each
   element from that element's parameter, gradient and state and the
   parameter's one-element ``step`` (sent with the parameter's first piece),
   so an element received stays equal to the holders' from then on, and an
@@ -45,8 +50,9 @@ A follower holds no commit during the window (``ledger.following``), so a
 failure of anyone in it ends the round as any failure does: the survivors go
 back to their commits, and the next round's sync gives a surviving follower the
 whole state as today. Only rank 0 decides (:func:`decide`), and only where
-following is known to be exact; elsewhere the admission syncs as before:
-Gloo on CPU, replicas (no ``hvd.shard``), one ``TorchState`` whose
+following is known to be exact and the commit stays on two hosts
+(:func:`_exposure`); elsewhere the admission syncs as before: two holders of
+the commit on two hosts at least, no window of the round before cut short, Gloo on CPU, replicas (no ``hvd.shard``), one ``TorchState`` whose
 optimizers are all ``DistributedOptimizer`` over ``SGD``, ``Adam``,
 ``AdamW``, ``Adagrad`` or ``RMSprop``, one backward pass per step, every
 parameter of its models updated by one of them, no SyncBatchNorm or GradScaler,
@@ -57,6 +63,7 @@ the newcomers in the highest ranks, and a state that has trained (commit 1 on).
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -110,6 +117,13 @@ class Window:
     boundary: int = 0
     digests: list[int] = field(default_factory=list)
     bytes: int = 0
+    #: Per parameter (by ``id``): the boundary of its first piece. A follower updates it from then on only.
+    first: dict[int, int] = field(default_factory=dict)
+    #: Per boundary: the optimizer-state tensors a follower zeroes before it receives that boundary (those of
+    #: the parameters whose first piece comes then), so that what it updates holds finite values.
+    fresh: dict[int, list[tuple[Any, ...]]] = field(default_factory=dict)
+    #: When this member opened the window (``time.monotonic``); rank 0's bounds the window (``follow_window_s``).
+    opened: float = 0.0
 
     @property
     def active(self) -> int:
@@ -183,6 +197,25 @@ def plan(state: Any, budget: int) -> list[list[Slice]]:
     return boundaries
 
 
+def _index(state: Any, window: Window) -> None:
+    """A follower's ``window.first`` and ``window.fresh``, from the window's plan (again after :func:`_rush`)."""
+    first_of: dict[tuple[Any, ...], int] = {}
+    for b, pieces in enumerate(window.plan):
+        for piece in pieces:
+            for ref in piece.refs:
+                if ref[0] != "m":
+                    first_of.setdefault(ref[1:4], b)
+    window.first, window.fresh = {}, {}
+    for index, opt in _optimizers(state):
+        for g, group in enumerate(opt.param_groups):
+            for i, p in enumerate(group["params"]):
+                b = first_of.get((index, g, i))
+                if b is not None:
+                    window.first[id(p)] = b
+                    window.fresh.setdefault(b, []).extend(("s", index, g, i, key) for key, v in
+                                                          opt.state.get(p, {}).items() if isinstance(v, torch.Tensor))
+
+
 def _views(state: Any, pieces: list[Slice]) -> list[torch.Tensor]:
     """The live tensors' elements of ``pieces``, as views (resolved now: zero-copy commits move storages)."""
     return [_tensor(state, ref).reshape(-1)[s.start: s.stop] for s in pieces for ref in s.refs]
@@ -208,6 +241,9 @@ def _refusal(ctx: Any, state: Any, receivers: list[int], root_seq: int | None) -
         return "the receivers are not the newest ranks"
     if not root_seq or info.from_checkpoint:
         return "no trained commit to follow"
+    exposed = _exposure(ctx, receivers)
+    if exposed:
+        return exposed
     handlers = list(state._handlers.values())
     if any(getattr(h, "sharded", False) for h in handlers):
         return "sharded state"
@@ -236,6 +272,25 @@ def _refusal(ctx: Any, state: Any, receivers: list[int], root_seq: int | None) -
     return ""
 
 
+def _exposure(ctx: Any, receivers: list[int]) -> str:
+    """Why a window would leave the commit exposed ("" if it would not). Its followers hold no commit, so the
+    holders must be two at least on two hosts at least: a host lost (killed, reclaimed, drained) in the window
+    leaves a holder, and the failure or the graceful change ends the window there; the next sync then gives the
+    whole commit (a window cut short is not started again: under churn it might never end)."""
+    info = ctx.info
+    cut = getattr(ctx, "following", None)
+    if cut is not None and cut.round != info.round:
+        return f"the follow window of round {cut.round} was cut short by a membership change"
+    hosts = getattr(ctx.ledger, "sync_hosts", None)
+    holders = [rank for rank in range(info.size) if rank not in receivers]
+    if hosts is None or len(hosts) != info.size:
+        return "the holders' hosts are not known"
+    on = len({hosts[rank] for rank in holders})
+    if len(holders) < 2 or on < 2:
+        return f"{len(holders)} holder(s) of the commit on {on} host(s); a window needs two on two hosts"
+    return ""
+
+
 def decide(ctx: Any, state: Any, receivers: list[int], root_seq: int | None) -> list[int]:
     """On rank 0: the followers of this round's sync (its receivers), or [] for today's full sync."""
     if getattr(ctx, "follow_ended_round", None) == ctx.info.round:
@@ -260,7 +315,10 @@ def start(ctx: Any, state: Any, followers: list[int], skeletons: list[Any], seq:
                 if t.numel() == 1:
                     t.zero_()  # a step count: a garbage one fails the update (Adam's beta ** step overflows)
             opt.load_state_dict(_join_tensors(shape, tensors))
-    window = Window(info.round, list(followers), info.size, seq, plan(state, ctx.settings.follow_bytes))
+    window = Window(info.round, list(followers), info.size, seq, plan(state, ctx.settings.follow_bytes),
+                    opened=time.monotonic())
+    if info.rank in followers:
+        _index(state, window)
     ctx.following = window
     ctx.ledger.following = info.rank in followers  # its commits hold nothing of the job's until the window ends
     for handler in state._handlers.values():
@@ -295,6 +353,25 @@ def _resave(state: Any) -> None:
             handler.save()
 
 
+def _overdue(ctx: Any, window: Window) -> bool:
+    """On every member, rank 0's word: the window has lasted ``follow_window_s`` (a small broadcast)."""
+    late = ctx.info.rank == 0 and time.monotonic() - window.opened > ctx.settings.follow_window_s
+    flag = torch.tensor([int(late)], dtype=torch.int64)
+    collectives.broadcast_(flag, 0, "follow deadline")
+    return bool(flag.item())
+
+
+def _rush(ctx: Any, state: Any, window: Window, why: str = "") -> None:
+    """The rest of the plan becomes this commit's pieces: the window ends at the next commit."""
+    rest = [piece for pieces in window.plan[window.boundary:] for piece in pieces]
+    if why and ctx.info.rank == 0:
+        log.info("worker %s: %s: the rest of the commit, %d piece(s) planned over %d commit(s), moves now",
+                 ctx.worker_id, why, len(rest), len(window.plan) - window.boundary)
+    window.plan[window.boundary:] = [rest]
+    if ctx.info.rank in window.followers:
+        _index(state, window)
+
+
 def at_commit(ctx: Any, state: Any) -> None:
     """Every member, after a commit's membership check: send the next pieces, or end the window."""
     window = current(ctx)
@@ -305,6 +382,12 @@ def at_commit(ctx: Any, state: Any) -> None:
         if window.boundary > 0:
             window.digests.append(_digest(_views(state, window.plan[window.boundary - 1])))
         if window.boundary < len(window.plan):
+            if len(window.plan) - window.boundary > 1 and _overdue(ctx, window):
+                _rush(ctx, state, window, f"the follow window has lasted over {ctx.settings.follow_window_s:g} s "
+                                          "(CLOUD_ELASTIC_FOLLOW_WINDOW_S)")
+            if follower:  # the parameters it updates from now on: their state finite (zeros) until it arrives
+                for ref in window.fresh.get(window.boundary, ()):
+                    _tensor(state, ref).zero_()
             heal = Heal(window.followers, window.size, window.seq)
             heal.tensors(_views(state, window.plan[window.boundary]), "the commit, following")
             window.boundary += 1
@@ -341,6 +424,9 @@ def complete(ctx: Any, state: Any) -> bool:
     """The training function returned with a window open (on every member, at the same step): the rest of the
     state moves now, all at once, so that every worker ends with the same state. Returns whether the follower did
     not match (the caller then syncs it whole)."""
+    window = current(ctx)
+    if window is not None and window.boundary < len(window.plan):
+        _rush(ctx, state, window)
     while current(ctx) is not None:
         try:
             at_commit(ctx, state)

@@ -317,6 +317,7 @@ class TorchState(ObjectState):
         replicas = ctx.info is not None and any(isinstance(h, SnapshotHandler) and not getattr(h, "sharded", False)
                                                 for h in self._handlers.values())
         small = self._small_state(ctx, replicas)  # first: it tells every worker rank 0's commit (sync_facts)
+        ctx.following = None  # a window cut short by a round change was seen by rank 0's decision; it is over
         # A worker that holds rank 0's very commit (the usual case: after a graceful membership change,
         # or a failure every survivor rolled back from alike) keeps its own values, and sends a part of them.
         root_seq = ledger.sync_root_seq

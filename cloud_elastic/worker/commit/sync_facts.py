@@ -10,7 +10,7 @@ receivers, and a newcomer what rank 0's loop showed of its commit window
 
 It costs one gather and no collective of its own after it: :func:`begin`
 (``elastic.run``, before ``state.sync()``) gathers every worker's live commit
-sequence and whether it holds that commit to rank 0, which works out the facts
+sequence, whether it holds that commit and a key of its host to rank 0, which works out the facts
 (:func:`receivers`); they then ride, as :func:`carried`, in the first broadcast
 the sync makes anyway (``ObjectState``'s and ``TorchState``'s, of their small
 parts), and every worker takes them there (:func:`learn`). A ``State`` whose own
@@ -20,6 +20,7 @@ parts), and every worker takes them there (:func:`learn`). A ``State`` whose own
 
 from __future__ import annotations
 
+import zlib
 from typing import Any, Callable, Sequence
 
 import torch
@@ -49,13 +50,15 @@ def begin(ctx: Any) -> None:
     """Gather the facts to rank 0 (every worker of the round calls it, before ``state.sync()``)."""
     ledger = ctx.ledger
     ledger.sync_begun, ledger.sync_known, ledger.sync_pending = True, False, None
-    mine = [ledger.live_commit_seq, int(ledger.holds_commit)]
+    mine = [ledger.live_commit_seq, int(ledger.holds_commit), zlib.crc32(str(getattr(ctx, "hostname", "")).encode())]
     if ctx.standalone or ctx.info is None:
-        learn(ledger, _facts(ledger, [tuple(mine)]))
+        ledger.sync_hosts = [mine[2]]
+        learn(ledger, _facts(ledger, [(mine[0], bool(mine[1]))]))
         return
     rows = collectives.gather_rows(torch.tensor(mine, dtype=torch.int64), NAME)
+    ledger.sync_hosts = None if rows is None else [int(host) for _, _, host in rows.tolist()]
     if rows is not None:
-        ledger.sync_pending = _facts(ledger, [(int(seq), bool(holds)) for seq, holds in rows.tolist()])
+        ledger.sync_pending = _facts(ledger, [(int(seq), bool(holds)) for seq, holds, _ in rows.tolist()])
 
 
 def _facts(ledger: Any, rows: list[tuple[int, bool]]) -> dict[str, Any]:

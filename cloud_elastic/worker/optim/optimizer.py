@@ -452,12 +452,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 taken.update(snapshot.take(ptrs))
         for snapshot in self._ce_snapshots:
             snapshot.flush()
-        if taken:
-            assert update is not None
-            update(self, taken)
-            result = None
-        else:
-            result = base_step(self, closure)
+        with followers.received_only(get_context(), self):  # a follower updates only what it received
+            if taken:
+                assert update is not None
+                update(self, taken)
+                result = None
+            else:
+                result = base_step(self, closure)
         self._ce_clear()
         return result
 
@@ -478,7 +479,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         for snapshot in in_place:
             snapshot.touch()
         try:
-            return base_step(self, closure)
+            with followers.received_only(get_context(), self):  # a follower updates only what it received
+                return base_step(self, closure)
         finally:
             self._ce_clear()
 
@@ -498,6 +500,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         for snapshot in self._ce_snapshots:
             taken.update(snapshot.take(ptrs))
         bucketed, unbucketed = self._ce_pairs()
+        ctx = get_context()
+        if followers.is_follower(ctx):  # it updates only what it received (``commit.follow``)
+            bucketed = [[(g, p) for g, p in pairs if not followers.pending(ctx, p)] for pairs in bucketed]
+            unbucketed = [(g, p) for g, p in unbucketed if not followers.pending(ctx, p)]
         try:
             self._ce_wait_buckets(lambda bucket: update(self, taken, bucketed[bucket.index]))
             # Parameters outside every bucket (no requires_grad when wrapped) but given a
