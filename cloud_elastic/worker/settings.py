@@ -205,8 +205,8 @@ class WorkerSettings:
     zero_copy_commit: bool = True
     #: ``CLOUD_ELASTIC_FOLLOW=0`` turns follow-mode admission off (every newcomer gets the whole state in the
     #: sync, as before; see ``commit.follow``); ``CLOUD_ELASTIC_FOLLOW_MB``: the bytes of the committed state
-    #: sent to a follower at each commit (MB, 10^6 bytes); ``CLOUD_ELASTIC_FOLLOW_WINDOW_S``: once a window has
-    #: lasted this long, the rest of the commit moves at the next commit, all at once.
+    #: sent to a follower at each commit (MB, 10^6 bytes); ``CLOUD_ELASTIC_FOLLOW_WINDOW_S``: a window that would
+    #: last longer moves several commits' pieces at a commit, and all the rest once it has lasted this long.
     follow: bool = True
     follow_bytes: int = 4_000_000
     follow_window_s: float = 30.0

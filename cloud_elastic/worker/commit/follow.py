@@ -18,9 +18,10 @@ round as *followers*:
   batch is the one before the admission;
 * at each commit (:func:`at_commit`, after the membership check) the holders
   send it the next pieces of the committed state, at most
-  ``CLOUD_ELASTIC_FOLLOW_MB`` (4 MB) per commit (once the window has lasted
-  ``CLOUD_ELASTIC_FOLLOW_WINDOW_S`` on rank 0, which says so in a one-element
-  broadcast each commit, the whole rest at the next one), cut and shared among all
+  ``CLOUD_ELASTIC_FOLLOW_MB`` (4 MB) per commit, or several commits' pieces at
+  once where the window would otherwise outlast ``CLOUD_ELASTIC_FOLLOW_WINDOW_S``
+  (30 s; rank 0 says how many in a one-element broadcast each commit, from the
+  window's pace so far, and all the rest once the time is up), cut and shared among all
   holders by ``comm.heal`` (each holder a part, point to point): every
   parameter (with the optimizer state of the same shape, sliced alike) and
   every other optimizer-state tensor, in a plan every member works out alike
@@ -124,6 +125,8 @@ class Window:
     fresh: dict[int, list[tuple[Any, ...]]] = field(default_factory=dict)
     #: When this member opened the window (``time.monotonic``); rank 0's bounds the window (``follow_window_s``).
     opened: float = 0.0
+    #: Rank 0 said that the window moves more than one commit's pieces a commit (see :func:`_pace`).
+    paced: bool = False
 
     @property
     def active(self) -> int:
@@ -198,7 +201,7 @@ def plan(state: Any, budget: int) -> list[list[Slice]]:
 
 
 def _index(state: Any, window: Window) -> None:
-    """A follower's ``window.first`` and ``window.fresh``, from the window's plan (again after :func:`_rush`)."""
+    """A follower's ``window.first`` and ``window.fresh``, from the window's plan (again after :func:`_merge`)."""
     first_of: dict[tuple[Any, ...], int] = {}
     for b, pieces in enumerate(window.plan):
         for piece in pieces:
@@ -353,21 +356,35 @@ def _resave(state: Any) -> None:
             handler.save()
 
 
-def _overdue(ctx: Any, window: Window) -> bool:
-    """On every member, rank 0's word: the window has lasted ``follow_window_s`` (a small broadcast)."""
-    late = ctx.info.rank == 0 and time.monotonic() - window.opened > ctx.settings.follow_window_s
-    flag = torch.tensor([int(late)], dtype=torch.int64)
-    collectives.broadcast_(flag, 0, "follow deadline")
-    return bool(flag.item())
+def _pace(ctx: Any, window: Window) -> int:
+    """On every member, rank 0's word (a one-element broadcast): how many of the plan's next commits move at
+    this one, so that the window ends within ``follow_window_s``. 1 while it keeps to that at the pace seen so
+    far (its commits' mean interval); more as it falls behind; all that is left once the time is up."""
+    left = len(window.plan) - window.boundary
+    pace = 1
+    if ctx.info.rank == 0:
+        spent = time.monotonic() - window.opened
+        remaining = ctx.settings.follow_window_s - spent
+        if remaining <= 0:
+            pace = left
+        elif window.boundary > 0:
+            commits = max(1, int(remaining / (spent / window.boundary)))  # at the mean interval so far
+            pace = min(left, -(-left // commits))
+    flag = torch.tensor([pace], dtype=torch.int64)
+    collectives.broadcast_(flag, 0, "follow pace")
+    pace = int(flag.item())
+    if pace > 1 and ctx.info.rank == 0 and not window.paced:
+        window.paced = True
+        log.info("worker %s: the follow window would outlast CLOUD_ELASTIC_FOLLOW_WINDOW_S=%g s: %d commit(s)' "
+                 "pieces move at each commit from now on, of %d left", ctx.worker_id, ctx.settings.follow_window_s,
+                 pace, left)
+    return pace
 
 
-def _rush(ctx: Any, state: Any, window: Window, why: str = "") -> None:
-    """The rest of the plan becomes this commit's pieces: the window ends at the next commit."""
-    rest = [piece for pieces in window.plan[window.boundary:] for piece in pieces]
-    if why and ctx.info.rank == 0:
-        log.info("worker %s: %s: the rest of the commit, %d piece(s) planned over %d commit(s), moves now",
-                 ctx.worker_id, why, len(rest), len(window.plan) - window.boundary)
-    window.plan[window.boundary:] = [rest]
+def _merge(ctx: Any, state: Any, window: Window, count: int) -> None:
+    """The pieces of the plan's next ``count`` commits move at this one."""
+    b = window.boundary
+    window.plan[b:b + count] = [[piece for pieces in window.plan[b:b + count] for piece in pieces]]
     if ctx.info.rank in window.followers:
         _index(state, window)
 
@@ -382,9 +399,10 @@ def at_commit(ctx: Any, state: Any) -> None:
         if window.boundary > 0:
             window.digests.append(_digest(_views(state, window.plan[window.boundary - 1])))
         if window.boundary < len(window.plan):
-            if len(window.plan) - window.boundary > 1 and _overdue(ctx, window):
-                _rush(ctx, state, window, f"the follow window has lasted over {ctx.settings.follow_window_s:g} s "
-                                          "(CLOUD_ELASTIC_FOLLOW_WINDOW_S)")
+            if len(window.plan) - window.boundary > 1:
+                pace = _pace(ctx, window)
+                if pace > 1:
+                    _merge(ctx, state, window, pace)
             if follower:  # the parameters it updates from now on: their state finite (zeros) until it arrives
                 for ref in window.fresh.get(window.boundary, ()):
                     _tensor(state, ref).zero_()
@@ -426,7 +444,7 @@ def complete(ctx: Any, state: Any) -> bool:
     not match (the caller then syncs it whole)."""
     window = current(ctx)
     if window is not None and window.boundary < len(window.plan):
-        _rush(ctx, state, window)
+        _merge(ctx, state, window, len(window.plan) - window.boundary)
     while current(ctx) is not None:
         try:
             at_commit(ctx, state)
