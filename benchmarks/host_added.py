@@ -281,7 +281,11 @@ def analyse(raw: dict[str, Any], restarts_all: bool) -> dict[str, float]:
     first3 = min(t for t, pid, size in steps if size == 3)
     normal = max(statistics.median(b[0] - a[0] for a, b in zip(v, v[1:]) if t_add - 2 <= a[0] and b[0] <= t_add)
                  for pid, v in by_pid.items() if pid in raw["before_pids"] and len(v) > 2)
-    after = max(statistics.median(b[0] - a[0] for a, b in zip(v, v[1:]) if a[1] == 3 and b[0] <= first3 + 3)
+    def at_3(v: list[tuple[float, int]], within_s: float) -> list[float]:
+        return [b[0] - a[0] for a, b in zip(v, v[1:]) if a[1] == 3 and b[0] <= first3 + within_s]
+
+    # The first 3 s at size 3 (all of them, for a survivor that had no step there: a slow repeat).
+    after = max(statistics.median(at_3(v, 3) or at_3(v, float("inf")) or [float("nan")])
                 for pid, v in by_pid.items() if pid in raw["survivors"])
     # A newcomer that follows (``commit.follow``) is active from a later commit: the gaps until then count too.
     active = max(first3, raw.get("first_active", first3))

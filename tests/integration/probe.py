@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 import cloud_elastic.torch as hvd
+from cloud_elastic.worker.comm import followers
 from cloud_elastic.worker.context import get_context
 
 
@@ -194,7 +195,8 @@ def main() -> None:
                 # Printed before the step: a member whose allreduce failed (or who was killed) after it sent
                 # its gradients may have had them committed by another member whose allreduce completed.
                 event("batch", rank=hvd.rank(), size=hvd.size(), epoch=state.epoch, step=state.step + 1,
-                      indices=sampler.get_indices(batch_idx, args.batch_size))
+                      indices=sampler.get_indices(batch_idx, args.batch_size),
+                      following=followers.is_follower(get_context()))  # a follower's batch is not trained
                 one_step()
                 sampler.record_batch(batch_idx, args.batch_size)
                 state.commit()

@@ -43,7 +43,7 @@ def _effective_batches(job) -> list:
     for e in job.events:
         if e.kind in ("hello", "reset"):
             round_of[e["worker"]] = e["round"]
-        elif e.kind == "batch":
+        elif e.kind == "batch" and not e.data.get("following"):  # a follower's (commit.follow) is not trained
             tagged.append((round_of[e["worker"]], e))
     last = {}
     for round_, e in tagged:

@@ -57,7 +57,7 @@ the commit on two hosts at least, no window of the round before cut short, Gloo 
 optimizers are all ``DistributedOptimizer`` over ``SGD``, ``Adam``,
 ``AdamW``, ``Adagrad`` or ``RMSprop``, one backward pass per step, every
 parameter of its models updated by one of them, no SyncBatchNorm or GradScaler,
-the newcomers in the highest ranks, and a state that has trained (commit 1 on).
+the newcomers (workers that never held a commit) in the highest ranks, and a state that has trained (commit 1 on).
 ``CLOUD_ELASTIC_FOLLOW=0`` turns it off.
 """
 
@@ -233,7 +233,7 @@ def _digest(views: list[torch.Tensor]) -> int:
 
 
 # --------------------------------------------------------------------------------------- the decision
-def _refusal(ctx: Any, state: Any, receivers: list[int], root_seq: int | None) -> str:
+def _refusal(ctx: Any, state: Any, receivers: list[int], root_seq: int | None, fresh: list[int] | None) -> str:
     """Why these receivers cannot follow ("" if they can); on rank 0, from its own state."""
     info = ctx.info
     if not ctx.settings.follow:
@@ -244,6 +244,8 @@ def _refusal(ctx: Any, state: Any, receivers: list[int], root_seq: int | None) -
         return "the receivers are not the newest ranks"
     if not root_seq or info.from_checkpoint:
         return "no trained commit to follow"
+    if fresh is None or not set(receivers) <= set(fresh):
+        return "a receiver held a commit of its own (a survivor of a failure)"
     exposed = _exposure(ctx, receivers)
     if exposed:
         return exposed
@@ -294,11 +296,13 @@ def _exposure(ctx: Any, receivers: list[int]) -> str:
     return ""
 
 
-def decide(ctx: Any, state: Any, receivers: list[int], root_seq: int | None) -> list[int]:
-    """On rank 0: the followers of this round's sync (its receivers), or [] for today's full sync."""
+def decide(ctx: Any, state: Any, receivers: list[int], root_seq: int | None, fresh: list[int] | None = None
+           ) -> list[int]:
+    """On rank 0: the followers of this round's sync (its receivers, each a worker that never held a commit: a
+    newcomer, a spare; ``fresh``, from ``sync_facts``), or [] for today's whole sync."""
     if getattr(ctx, "follow_ended_round", None) == ctx.info.round:
         return []  # a window of this round ended unequal: the sync that follows gives the whole state
-    why = _refusal(ctx, state, receivers, root_seq)
+    why = _refusal(ctx, state, receivers, root_seq, fresh)
     if why:
         if receivers:
             log.info("worker %s: rank(s) %s receive the whole commit in the sync (no follow mode: %s)",

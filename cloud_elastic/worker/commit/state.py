@@ -390,7 +390,8 @@ class TorchState(ObjectState):
             send = replicas and bool(receivers)
             root_seq = facts["root_seq"] if facts is not None else ctx.ledger.sync_root_seq
             return {
-                "followers": follow.decide(ctx, self, list(receivers), root_seq) if send else [],
+                "followers": follow.decide(ctx, self, list(receivers), root_seq,
+                                           facts.get("fresh") if facts is not None else None) if send else [],
                 "ObjectState attributes": self._saved_state,
                 "sampler state": [h.value.state_dict() for h in self._handlers.values() if isinstance(h, SamplerHandler)],
                 "scheduler state": [h.value.state_dict() for h in self._handlers.values()

@@ -64,7 +64,7 @@ def begin(ctx: Any) -> None:
 def _facts(ledger: Any, rows: list[tuple[int, bool]]) -> dict[str, Any]:
     window = ledger.window  # rank 0's
     return {"root_seq": rows[0][0], "has_collectives": bool(window.has_collectives), "confirmed": bool(window.confirmed),
-            "receivers": receivers(rows)}
+            "receivers": receivers(rows), "fresh": [rank for rank, (seq, _) in enumerate(rows) if rank and seq == 0]}
 
 
 def carried(ctx: Any) -> tuple[bool, dict[str, Any] | None]:
