@@ -104,6 +104,11 @@ class StatusReply:
     cost_fallback_only: float | None = None
     #: Slot-hours of hosts with no known price: not in ``cost``, never counted as free.
     cost_unpriced_slot_hours: float | None = None
+    #: Slot-hours the job has paid for (the unpriced ones included), and of them those of free slots on hosts of a
+    #: fallback group the job raised (``--manage-capacity``), which ``cost`` charges too; a crashed predecessor's
+    #: included, as in ``cost``.
+    cost_slot_hours: float | None = None
+    cost_idle_slot_hours: float | None = None
     #: Fallback slots the job wants now (several host sources).
     fallback_slots: int = 0
     #: ``--spares``: workers waiting outside the rounds now, and how many the job keeps.
@@ -154,6 +159,8 @@ class StatusReply:
                 cost_per_step=_number(data.get("cost_per_step")),
                 cost_fallback_only=_number(data.get("cost_fallback_only")),
                 cost_unpriced_slot_hours=_number(data.get("cost_unpriced_slot_hours")),
+                cost_slot_hours=_number(data.get("cost_slot_hours")),
+                cost_idle_slot_hours=_number(data.get("cost_idle_slot_hours")),
                 fallback_slots=int(data.get("fallback_slots", 0)),
                 spares=int(data.get("spares", 0)), spares_wanted=int(data.get("spares_wanted", 0)),
                 **{f"{name}_omitted": int(data.get(f"{name}_omitted", 0))

@@ -123,6 +123,10 @@ def _cost_line(reply: StatusReply) -> str:
         line += f", {format_dollars(reply.cost_per_step)} per commit"  # commits (commit_step), not optimizer steps
     if reply.cost_unpriced_slot_hours:
         line += f" ({reply.cost_unpriced_slot_hours:.3g} slot-hour(s) with no known price not in it)"
+    if reply.cost_idle_slot_hours:
+        of = "" if reply.cost_slot_hours is None else f" of its {reply.cost_slot_hours:.3g}"
+        line += (f"; {reply.cost_idle_slot_hours:.3g}{of} slot-hour(s) on hosts of a fallback group the job raised "
+                 "that ran no worker there")
     if reply.cost_fallback_only is not None:
         line += f"; on the fallback alone: {format_dollars(reply.cost_fallback_only)}"
     if reply.fallback_slots:

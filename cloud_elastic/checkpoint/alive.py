@@ -4,7 +4,7 @@ A running driver keeps ``driver-alive.json`` next to ``job.json`` fresh::
 
     {"format": "cloud-elastic-checkpoint", "job_id": "5f3a9c1e", "alive": 1795444453.5,
      "grace_s": 60.0, "host": "driver-vm", "pid": 4242, "stopped": false, "raised": {"gpu-od": 2},
-     "cost": {"dollars": 12.5, "slot_hours": 9.75, "unpriced_slot_hours": 0.0,
+     "cost": {"dollars": 12.5, "slot_hours": 9.75, "unpriced_slot_hours": 0.0, "idle_slot_hours": 1.5,
               "by_source": {"gpu-spot": 3.1, "gpu-od": 9.4}}, "instance": "9f2c61d0a4b7e853"}
 
 ``alive`` is the Unix time of the latest refresh on the driver's clock (a
@@ -170,21 +170,28 @@ def _raised(raw: Any) -> tuple[tuple[str, int], ...]:
 
 
 def _cost(raw: Any) -> CostSoFar | None:
-    """An entry's ``cost``, checked: each figure (``dollars``, ``slot_hours``, ``unpriced_slot_hours``, and each
-    source's dollars in ``by_source``) a finite number in [0, :data:`MAX_COST`], ``by_source`` at most
+    """An entry's ``cost``, checked: each figure (``dollars``, ``slot_hours``, ``unpriced_slot_hours``,
+    ``idle_slot_hours``, and each source's dollars in ``by_source``) a finite number in [0, :data:`MAX_COST`],
+    ``idle_slot_hours`` at most ``slot_hours`` (they are a part of them), ``by_source`` at most
     :data:`MAX_RAISED` names of at most 256 characters (ValueError otherwise: the entry is then unreadable, as
-    for a bad ``raised``). None when there is none."""
+    for a bad ``raised``). ``idle_slot_hours`` absent (an entry of a driver from before it was kept): 0. None
+    when there is none."""
     if raw is None:
         return None
     by_source = raw.get("by_source") if isinstance(raw, dict) else None
     if not isinstance(by_source, dict) or len(by_source) > MAX_RAISED or any(len(n) > 256 for n in by_source):
         raise ValueError(f"cost is not a mapping of figures with at most {MAX_RAISED} sources' dollars")
     figures = {name: raw.get(name) for name in ("dollars", "slot_hours", "unpriced_slot_hours")}
+    figures["idle_slot_hours"] = raw.get("idle_slot_hours", 0.0)
     for name, value in [*figures.items(), *((f"dollars of {n[:80]!r}", v) for n, v in by_source.items())]:
         if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0.0 <= value <= MAX_COST:
             raise ValueError(f"cost gives {name} {value!r:.80}, not a number in [0, {MAX_COST:g}]")
-    return CostSoFar(*(float(v) for v in figures.values()),
-                     by_source=tuple(sorted((str(n), float(v)) for n, v in by_source.items())))
+    if figures["idle_slot_hours"] > figures["slot_hours"]:
+        raise ValueError(f"cost gives idle_slot_hours {figures['idle_slot_hours']:g}, more than its slot_hours "
+                         f"{figures['slot_hours']:g}")
+    dollars, slot_hours, unpriced, idle = (float(v) for v in figures.values())
+    return CostSoFar(dollars, slot_hours, unpriced, tuple(sorted((str(n), float(v)) for n, v in by_source.items())),
+                     idle)
 
 
 class AliveRefresher:

@@ -97,11 +97,15 @@ def test_raised_groups_that_are_not_a_small_mapping_of_bounded_capacities_are_re
 
 def test_the_cost_so_far_reads_back_and_an_entry_without_it_has_none(tmp_path: Path) -> None:
     store = CheckpointStore(str(tmp_path))
-    cost = CostSoFar(12.5, 9.75, 0.25, (("gpu-od", 9.4), ("gpu-spot", 3.1)))
+    cost = CostSoFar(12.5, 9.75, 0.25, (("gpu-od", 9.4), ("gpu-spot", 3.1)), idle_slot_hours=1.5)
     write_driver_alive(store, DriverAlive("j1", NOW, 60.0, "vm", 7, cost=cost))
     assert json.loads((tmp_path / ALIVE_RECORD).read_text())["cost"] == {
-        "dollars": 12.5, "slot_hours": 9.75, "unpriced_slot_hours": 0.25, "by_source": {"gpu-od": 9.4, "gpu-spot": 3.1}}
+        "dollars": 12.5, "slot_hours": 9.75, "unpriced_slot_hours": 0.25, "idle_slot_hours": 1.5,
+        "by_source": {"gpu-od": 9.4, "gpu-spot": 3.1}}
     assert read_driver_alive(store, now=NOW).cost == cost
+    # An entry of a driver from before idle slot-hours were kept: none carried, the rest as it says.
+    older = read_driver_alive(_entry_with(tmp_path, "cost", "{" + _FIGURES + ', "dollars": 2}'), now=NOW).cost
+    assert older == CostSoFar(2.0, 1.0, 0.0, ()) and older.idle_slot_hours == 0.0
     assert read_driver_alive(_entry_with(tmp_path, "cost", "null"), now=NOW).cost is None  # a job with one source
     assert read_driver_alive(_entry_with(tmp_path, "raised", "{}"), now=NOW).cost is None  # written before drivers kept it
 
@@ -117,7 +121,9 @@ _FIGURES = '"slot_hours": 1, "unpriced_slot_hours": 0, "by_source": {}'
     '{"dollars": 1, "slot_hours": 1, "unpriced_slot_hours": 0, "by_source": {'
     + ", ".join(f'"s{i}": 1' for i in range(1000)) + '}}',
     '{"dollars": 1, "slot_hours": 1, "unpriced_slot_hours": 0, "by_source": {"' + "x" * 300 + '": 1}}',
-    '[12.5, 9.75]', '{"dollars": 1, "slot_hours": 1, "unpriced_slot_hours": 0}'])
+    '[12.5, 9.75]', '{"dollars": 1, "slot_hours": 1, "unpriced_slot_hours": 0}',
+    *('{"dollars": 1, ' + _FIGURES + f', "idle_slot_hours": {idle}}}'  # idle: a part of the slot-hours
+      for idle in ("NaN", "-1", "1e300", "Infinity", '"0.5"', "true", "null", "2"))])
 def test_a_cost_that_is_not_bounded_figures_of_a_few_sources_is_refused_in_one_line(tmp_path: Path, cost: str) -> None:
     with pytest.raises(CheckpointError, match=rf"{ALIVE_RECORD} is unreadable: cost") as refused:
         read_driver_alive(_entry_with(tmp_path, "cost", cost), now=NOW)

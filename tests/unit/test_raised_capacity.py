@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from cloud_elastic.checkpoint.alive import DriverAlive, read_driver_alive, write_driver_alive
+from cloud_elastic.checkpoint.alive import ALIVE_RECORD, DriverAlive, read_driver_alive, write_driver_alive
 from cloud_elastic.config import JobConfig
 from cloud_elastic.cost import CostSoFar
 from cloud_elastic.driver.restart.predecessor import open_store, plan_start
@@ -27,7 +27,8 @@ from cloud_elastic.providers.sources import SourceSpec
 
 pytestmark = pytest.mark.timeout(60)
 
-_COST = CostSoFar(12.5, 9.75, 0.0, (("od", 9.4), ("spot", 3.1)))  # what a crashed driver's meter last said
+#: What a crashed driver's meter last said: 1.25 of its slot-hours were free slots of a fallback host it raised.
+_COST = CostSoFar(12.5, 9.75, 0.0, (("od", 9.4), ("spot", 3.1)), idle_slot_hours=1.25)
 
 
 class Groups(HostDiscovery):
@@ -90,9 +91,10 @@ class StopsAtFind(Groups):
         return super().find()
 
 
-def _after_a_crash(tmp_path, monkeypatch, taken_over: bool, **options):
+def _after_a_crash(tmp_path, monkeypatch, taken_over: bool, forged: dict | None = None, **options):
     """A driver started for job j1 an hour after its driver crashed (its workers' grace long over) having spent
-    ``_COST`` with the on-demand group raised; the new driver is stopped as :class:`StopsAtFind` says."""
+    ``_COST`` (with ``forged`` over its figures) with the on-demand group raised; the new driver is stopped as
+    :class:`StopsAtFind` says."""
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
     config = JobConfig(command=("python", "train.py"), num_proc=1, min_np=1, max_np=1,
                        checkpoint_dir=str(tmp_path / "ckpt"), manage_capacity=True, driver_grace_s=60.0,
@@ -101,6 +103,11 @@ def _after_a_crash(tmp_path, monkeypatch, taken_over: bool, **options):
     plan_start(config, store, job_id="j1")
     write_driver_alive(store, DriverAlive("j1", time.time() - 3600, 60.0, "other-vm", 4242, raised=(("od", 2),),
                                           cost=_COST))
+    if forged:
+        path = tmp_path / "ckpt" / ALIVE_RECORD
+        entry = json.loads(path.read_text())
+        entry["cost"].update(forged)
+        path.write_text(json.dumps(entry))
     groups = StopsAtFind(taken_over)
     groups.driver = Driver(config, groups, job_id="j2")
     assert groups.driver.run().exit_code == 130
@@ -111,14 +118,28 @@ def test_a_driver_that_takes_the_job_over_reports_its_predecessors_cost_with_its
     caplog.set_level(logging.INFO)
     events = tmp_path / "events.jsonl"
     store = _after_a_crash(tmp_path, monkeypatch, taken_over=True, events_file=str(events))
-    assert "job j1: cost so far carried from the previous driver: $12.50 for 9.750 slot-hour(s), up to its last " \
-           "sign of life at " in caplog.text
+    assert "job j1: cost so far carried from the previous driver: $12.50 for 9.750 slot-hour(s) (1.250 of them on " \
+           "hosts of a fallback group the job raised that ran no worker there), up to its last sign of life at " \
+           in caplog.text
     assert "job j1: cost $12.50 for 9.750 slot-hour(s)" in caplog.text  # the end line: no worker ran since
+    assert "; 1.250 of the slot-hour(s) were on hosts of a fallback group the job raised" in caplog.text
     written = [json.loads(line) for line in events.read_text().splitlines()]
-    assert [e["dollars"] for e in written if e["event"] == "cost"][-1] == 12.5  # one at the takeover, at least
-    assert [e["cost"] for e in written if e["event"] == "job_finished"] == [12.5]
+    costs = [(e["dollars"], e["slot_hours"], e["idle_slot_hours"]) for e in written if e["event"] == "cost"]
+    assert costs[-1] == (12.5, 9.75, 1.25)  # one at the takeover, at least
+    assert [(e["cost"], e["idle_slot_hours"]) for e in written if e["event"] == "job_finished"] == [(12.5, 1.25)]
     last = read_driver_alive(store)  # its own sign of life, for a driver after it (had it crashed)
     assert last.is_this_process() and last.cost == _COST
+
+
+@pytest.mark.parametrize("idle", [1e300, float("nan"), -1.0, 10.0])  # 10 > the 9.75 slot-hours they are part of
+def test_a_forged_idle_figure_in_the_predecessors_cost_is_refused_in_one_line_and_the_driver_runs(
+        tmp_path, monkeypatch, caplog, idle):
+    caplog.set_level(logging.INFO)
+    _after_a_crash(tmp_path, monkeypatch, taken_over=True, forged={"idle_slot_hours": idle})
+    refused = [r.getMessage() for r in caplog.records if "is unreadable: cost gives idle_slot_hours" in r.getMessage()]
+    assert len(refused) == 1 and "\n" not in refused[0] and len(refused[0]) < 400, refused
+    assert "cost so far carried" not in caplog.text  # nothing of the refused entry is taken for the job's cost
+    assert "job j1: cost $0.00 for 0.000 slot-hour(s)" in caplog.text
 
 
 def test_a_driver_stopped_before_it_takes_the_job_over_carries_its_predecessors_cost_forward(tmp_path, monkeypatch):

@@ -143,4 +143,5 @@ def _cost(job: ElasticJob, now: float) -> dict:
     return {"cost": round(s.dollars, 6), "cost_per_hour": round(s.dollars_per_hour, 6),
             "cost_per_step": None if per_step is None else round(per_step, 8),
             "cost_fallback_only": None if s.fallback_only is None else round(s.fallback_only, 6),
-            "cost_unpriced_slot_hours": round(s.unpriced_slot_hours, 6), "fallback_slots": sourcing.wanted}
+            "cost_unpriced_slot_hours": round(s.unpriced_slot_hours, 6), "cost_slot_hours": round(s.slot_hours, 6),
+            "cost_idle_slot_hours": round(s.idle_slot_hours, 6), "fallback_slots": sourcing.wanted}

@@ -85,10 +85,12 @@ def inherit_cost(job: Any, cost: CostSoFar | None, previous_alive: Any) -> None:
         return
     sourcing.carry_cost(cost)
     alive = previous_alive.alive
-    log.info("job %s: cost so far carried from the previous driver: %s for %.3f slot-hour(s), up to its last sign "
-             "of life at %s (%.0fs ago; the time since is not counted)", job.job_id, format_dollars(cost.dollars),
-             cost.slot_hours, time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(alive)),
-             max(0.0, time.time() - alive))
+    idle = (f" ({cost.idle_slot_hours:.3f} of them on hosts of a fallback group the job raised that ran no worker "
+            "there)") if round(cost.idle_slot_hours, 3) > 0 else ""
+    log.info("job %s: cost so far carried from the previous driver: %s for %.3f slot-hour(s)%s, up to its last "
+             "sign of life at %s (%.0fs ago; the time since is not counted)", job.job_id,
+             format_dollars(cost.dollars), cost.slot_hours, idle,
+             time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(alive)), max(0.0, time.time() - alive))
 
 
 def remember(job: Any, refresher: Any, carry: dict[str, int], carry_cost: CostSoFar | None = None) -> None:
