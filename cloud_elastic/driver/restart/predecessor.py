@@ -52,8 +52,8 @@ from cloud_elastic.driver.restart.stored import list_checkpoints, newer_link, re
 from cloud_elastic.errors import CheckpointError, ConfigError
 from cloud_elastic.records import driver_running, find_jobs, job_dir, pid_alive, runtime_root
 
-__all__ = ["RECORD_TOUCH_S", "StartPlan", "WaitOutcome", "driver_alive", "open_store", "plan_start", "resumes",
-           "wait_for_predecessor"]
+__all__ = ["ADOPT_MARGIN_S", "RECORD_TOUCH_S", "StartPlan", "WaitOutcome", "driver_alive", "open_store", "plan_start",
+           "resumes", "wait_for_predecessor"]
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ _LAST_CHECKPOINT_S = 12.0
 #: What a worker stopping at the end of the grace without checkpoints may spend exiting, and margin.
 _STOP_S = 3.0
 #: Adopting workers that have less than this left of their grace is not worth the race.
-_ADOPT_MARGIN_S = 1.0
+ADOPT_MARGIN_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -283,14 +283,14 @@ def _adoptable(config: JobConfig) -> tuple[AdoptionRecord | None, tuple[int, flo
         if driver_alive(pid, started, last_alive) or not record.workers:
             continue  # a live driver is refused by plan_start
         left = last_alive + record.grace_s - time.time()
-        if left < _ADOPT_MARGIN_S:
+        if left < ADOPT_MARGIN_S:
             log.info("job %s: the previous driver died %.0fs ago, past its workers' --driver-grace %gs: "
                      "not adopting them", record.job_id, time.time() - last_alive, record.grace_s)
             return None, (pid, last_alive, started)
         log.warning("job %s: the previous driver (pid %d) died %.0fs ago; adopting its %d running worker(s) "
                     "(they train on for up to %.0fs more)", record.job_id, pid, time.time() - last_alive,
                     len(record.workers), left)
-        return record, (pid, last_alive, started)
+        return replace(record, grace_ends=last_alive + record.grace_s), (pid, last_alive, started)
     return None, None
 
 
