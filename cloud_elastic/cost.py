@@ -121,7 +121,9 @@ class CostMeter:
         return sum(self._rates.values(), 0.0)
 
     def summary(self) -> CostSummary:
-        priced = max(0.0, self.slot_hours - self.unpriced_slot_hours)
+        # A job on the fallback alone holds the job's slots, not the fallback hosts this job raised and left idle
+        # (the price of the fallback policy, counted in ``dollars``): they are left out of what it would have cost.
+        priced = max(0.0, self.slot_hours - self.unpriced_slot_hours - self.idle_slot_hours)
         fallback = None if self.fallback_price is None else self.fallback_price * priced
         return CostSummary(dollars=self.dollars, dollars_per_hour=self.dollars_per_hour, slot_hours=self.slot_hours,
                            unpriced_slot_hours=self.unpriced_slot_hours, fallback_only=fallback,

@@ -43,6 +43,8 @@ class HostStatus:
     #: The host source (group) it came from, in a job with several; its price per slot-hour where known.
     source: str = ""
     price: float | None = None
+    #: Workers of this host left out of ``workers`` by the reply's cap on worker rows (``workers_omitted``).
+    workers_unlisted: int = 0
 
 
 @dataclass(frozen=True)
@@ -135,7 +137,8 @@ class StatusReply:
                                  None if w.get("rank") is None else int(w["rank"]),
                                  None if w.get("compute_s") is None else float(w["compute_s"]),
                                  None if w.get("comm_share") is None else float(w["comm_share"]))
-                    for w in h.get("workers", ())), str(h.get("source", "")), _number(h.get("price")))
+                    for w in h.get("workers", ())), str(h.get("source", "")), _number(h.get("price")),
+                    int(h.get("workers_unlisted", 0)))
                 for h in data.get("hosts", ()))
             blacklisted = tuple(
                 BlacklistedSlot(str(b["host"]), None if b.get("slot") is None else int(b["slot"]),

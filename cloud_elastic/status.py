@@ -197,7 +197,10 @@ def render_status(reply: StatusReply, *, now: float | None = None) -> str:
             f"[{w.slot}] " + (f"rank {w.rank} " if w.rank is not None else "") + w.state
             + (f" {w.compute_s * 1e3:.1f} ms/step" if w.compute_s is not None else "")
             + (f" {w.comm_share * 100:.0f}% comm" if w.comm_share is not None else "") for w in host.workers
-        ) or "-"
+        )
+        if host.workers_unlisted:
+            workers += ("; " if workers else "") + f"{host.workers_unlisted} worker(s) not listed"
+        workers = workers or "-"
         where = (host.source or "-", "-" if host.price is None else f"{host.price:.4g}") if sourced else ()
         rows.append((host.host, str(host.slots), host.state, *where, workers))
     columns = len(rows[0]) - 1
