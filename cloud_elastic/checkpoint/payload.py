@@ -34,8 +34,9 @@ import torch
 from cloud_elastic import plain_numpy
 from cloud_elastic.checkpoint.api import (FORMAT_VERSION, FROZENSET_FORMAT_VERSION, CheckpointError, CheckpointMismatch,
                                           StateDictMismatch)
-from cloud_elastic.checkpoint.optimizer_fit import (OPTIMIZER_CLASS, OPTIMIZER_CLASSES, check_optimizer,
+from cloud_elastic.checkpoint.optimizer_fit import (OPTIMIZER_CLASS, OPTIMIZER_CLASSES, check_optimizer, check_state,
                                                     optimizer_class)
+from cloud_elastic.checkpoint.safety import COPY_FACTOR, COPY_SLACK
 
 __all__ = ["OPTIMIZER_CLASS", "OPTIMIZER_CLASSES", "SavedByStateDict", "check_payload", "mismatch_of",
            "optimizer_class", "stage_payload", "state_payload", "load_state_payload"]
@@ -212,8 +213,9 @@ def load_state_payload(state: Any, payload: Any, skip: frozenset[str] = frozense
     ``skip`` are not in the payload: a sharded checkpoint's loader has loaded them already).
 
     The names must match the state's public attributes both ways; a mismatch, or an optimizer's saved param
-    groups that lack what its step reads (``optimizer_fit.check_optimizer``: an OptimizerMismatch), raises
-    CheckpointMismatch before anything is changed; one that does not fit
+    groups that lack what its step reads (``optimizer_fit.check_optimizer``: an OptimizerMismatch) or whose saved
+    state does not fit its parameters (``optimizer_fit.check_state``: another shape, a cast past the copy bound),
+    raises CheckpointMismatch before anything is changed; one that does not fit
     (shapes, optimizer groups) restores the state's last commit and raises
     CheckpointMismatch (naming the first mismatch); any other failure of a load (out of
     memory, I/O) restores it too and raises a plain CheckpointError: it is no sign of
@@ -235,6 +237,7 @@ def load_state_payload(state: Any, payload: Any, skip: frozenset[str] = frozense
         if isinstance(target, torch.optim.Optimizer) and isinstance(payload[name], dict):
             entry = payload[name]
             check_optimizer(name, target, entry.get("param_groups"), entry.get(OPTIMIZER_CLASS), entry.get("state"))
+            check_state(name, target, entry.get("param_groups"), entry.get("state"), COPY_FACTOR, COPY_SLACK)
     payload = _numpy_rebuilt(payload)
     try:
         for name, value in payload.items():
