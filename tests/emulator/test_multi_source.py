@@ -435,6 +435,50 @@ def test_idle_raised_slots_show_in_status_and_their_cost_goes_on_across_a_driver
 
 
 @pytest.mark.timeout(180)
+def test_a_forged_cost_in_the_sign_of_life_loses_no_group_raised_across_a_driver_restart(aws, jobs, tmp_path):
+    """fixI2: a cost figure out of bounds in ``driver-alive.json`` made the whole entry unreadable, so the driver
+    restarted after a kill -9 lost the list of fallback groups its predecessor had raised: the on-demand group
+    stayed raised, paid for, after the job. Only the cost is refused now, in one line, and counted again."""
+    make_group(aws.url, "forge-spot", size=1, instance_type="g4dn.xlarge", cidr="10.74.1.0/24")
+    make_group(aws.url, "forge-od", size=0, instance_type="g4dn.xlarge", cidr="10.74.2.0/24")
+    clients(aws.url)[0].update_auto_scaling_group(AutoScalingGroupName="forge-od", MaxSize=1)
+    stop, ckpt, run = tmp_path / "stop", tmp_path / "ckpt", tmp_path / "run"
+    run.mkdir()
+    args = ["run", "-np", "2", "--min-np", "2", "--discovery-interval", "0.3", "--checkpoint-dir", str(ckpt),
+            "--driver-grace", "60", "--aws-asg", "forge-spot", "--aws-asg", "forge-od", "--aws-region", "us-east-1",
+            "--aws-endpoint-url", aws.url, "--source", "forge-spot:price=0.2",
+            "--source", "forge-od:fallback,price=1.5", "--manage-capacity",
+            *[a for n in (1, 2) for a in ("--address-map", f"10.74.{n}.0/24=127.74.{n}.0/24")],
+            *probe_cmd("--steps", "5", "--step-sleep", "0.1", "--stop-when", str(stop))]
+    first = jobs(args, env={"XDG_RUNTIME_DIR": str(run)})
+    store = CheckpointStore(str(ckpt))
+
+    def says_raised_and_cost(j) -> bool:
+        entry = read_driver_alive(store)
+        return entry is not None and entry.raised == (("forge-od", 1),) and entry.cost is not None
+
+    first.wait_event("commit", rank=0, step=2, timeout=90)  # it trains on the raised group's host
+    first.wait_for(says_raised_and_cost, timeout=30, what="a sign of life with the raised group and a cost")
+    os.kill(first.proc.pid, signal.SIGKILL)
+    first.proc.wait()
+    path = ckpt / "driver-alive.json"
+    entry = json.loads(path.read_text())
+    entry["cost"]["dollars"] = -1  # forged (or a bug): out of bounds
+    path.write_text(json.dumps(entry))
+
+    second = jobs(args, env={"XDG_RUNTIME_DIR": str(run)})  # the same command: it adopts the workers
+    second.wait_for(lambda j: "previous driver raised host source" in j.output() or "unreadable" in j.output(),
+                    timeout=60, what="the takeover")
+    stop.touch()
+    assert second.finish() == 0, second.output()[-3000:]
+    out = second.output()
+    assert desired(aws, "forge-od") == 0, f"the group the first driver raised stays raised (paid): {out[-3000:]}"
+    refused = [line for line in out.splitlines() if "cost so far" in line and "refused" in line]
+    assert len(refused) == 1 and str(path) in refused[0] and "dollars -1" in refused[0], out[-3000:]
+    assert "counted again from $0" in refused[0] and "unreadable" not in out
+
+
+@pytest.mark.timeout(180)
 def test_a_job_denied_the_fallback_groups_capacity_warns_once_and_trains_on(aws, jobs, tmp_path):
     autoscaling, _ = clients(aws.url)
     make_group(aws.url, "deny-spot-a", size=1, instance_type="g4dn.xlarge", cidr="10.67.1.0/24")

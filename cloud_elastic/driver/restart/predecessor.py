@@ -486,7 +486,10 @@ def _previous_alive(store: Any, job_id: str, record: Any, newest: Any) -> tuple[
         entry = read_driver_alive(store)
         signs.append((entry, None, False) if entry is not None else (_creator(record), "job.json", True))
     except CheckpointError as exc:
-        log.warning("job %s: %s; only this machine's record and the drivers' claims are used", job_id, exc)
+        # Which groups it raised is lost with it: a group left raised is paid for, and only an operator can tell.
+        log.warning("job %s: %s; only this machine's record and the drivers' claims are used, and the host groups the "
+                    "previous driver raised (--manage-capacity), if any, are not known: each stays at the desired "
+                    "capacity it had (paid for): set it to 0 yourself once nothing needs it", job_id, exc)
         entry = None
     claimed = newest.driver if newest is not None else None
     if claimed is not None and (entry is None or (entry.host, entry.pid) != (claimed.host, claimed.pid)):
