@@ -3,7 +3,8 @@
 ``Unusable`` is a checkpoint that is torn, corrupt or tampered with (an older one may be
 fine); :func:`safe_load` reads ``torch.save`` bytes with the weights-only unpickler and
 names what it refused without torch's advice to load it with ``weights_only=False``;
-:func:`check_archive` refuses, unloaded, an archive that would take more memory than its own size, and
+:func:`check_archive` refuses, unloaded, an archive that would take more memory than its own size (or a hash that
+never ends: ``torch_archive``), and
 :func:`check_loaded`, loaded, one whose copy would (a view repeating its storage's elements);
 :func:`storage_reason` finds a full disk wherever torch's wording hides it.
 """
@@ -18,7 +19,7 @@ import re
 from typing import IO, TYPE_CHECKING, Any, Callable
 
 from cloud_elastic.checkpoint.api import CheckpointError
-from cloud_elastic.torch_archive import stored_records
+from cloud_elastic.torch_archive import MAX_NESTING, stored_records
 
 if TYPE_CHECKING:
     import torch
@@ -32,9 +33,6 @@ __all__ = ["COPY_FACTOR", "COPY_SLACK", "MAX_NESTING", "Unusable", "causes", "ch
 #: that repeats one stored element 2**40 times, one tensor or list referenced a million times) is refused.
 COPY_FACTOR = 8
 COPY_SLACK = 64 << 20
-#: How deep containers may nest in a loaded value: torch.save itself fails near 500, and the walks after a load
-#: (``plain_numpy.unpack``, the commit snapshot's copy) recurse.
-MAX_NESTING = 256
 
 
 @functools.cache
@@ -71,10 +69,10 @@ def safe_load(data: bytes, what: str) -> Any:
     return loaded
 
 
-def check_loaded(value: Any, what: str, budget: int) -> None:
-    """Unusable, in one line naming where, if ``value`` (what ``torch.load(weights_only=True)`` built: tensors in
-    dicts, lists, tuples and sets) holds a tensor with more elements than its storage holds (a view that repeats
-    them: stride 0, as ``expand`` makes), containers nested more than :data:`MAX_NESTING` deep or in a cycle, or
+def check_loaded(value: Any, what: str, budget: int, refused: Callable[[str], Exception] | None = None) -> None:
+    """Unusable, in one line naming where (or ``refused(why)``: a state sync's error), if ``value`` (what
+    ``torch.load(weights_only=True)`` built: tensors in dicts, lists, tuples and sets) holds a tensor with more
+    elements than its storage holds (a view that repeats them: stride 0, as ``expand`` makes), containers nested more than :data:`MAX_NESTING` deep or in a cycle, or
     would take more than ``budget`` bytes to copy as the commit snapshot does (each reference to a tensor or a
     container on its own). Views that share a storage (tied weights, slices) pass. Time in proportion to the
     distinct objects, however often each is referenced."""
@@ -84,9 +82,10 @@ def check_loaded(value: Any, what: str, budget: int) -> None:
     walking: set[int] = set()  # ids of the containers on ``stack``
     stack: list[list[Any]] = []  # [container, its (key, item) pairs left, cost so far, key in its parent]
 
-    def refuse(why: str, key: Any) -> Unusable:
+    def refuse(why: str, key: Any) -> Exception:
         where = _where(stack, key)
-        return Unusable(f"its {what} {why}{f' (at {where})' if where else ''}: corrupt or forged")
+        why = f"{why}{f' (at {where})' if where else ''}: corrupt or forged"
+        return Unusable(f"its {what} {why}") if refused is None else refused(why)
 
     def visit(item: Any, key: Any) -> int | None:
         """The cost of copying ``item``; None when it is a container to walk (pushed on ``stack``)."""
@@ -127,7 +126,7 @@ def check_loaded(value: Any, what: str, budget: int) -> None:
         raise refuse(too_big, None)
 
 
-def _tensor_cost(tensor: torch.Tensor, refuse: Callable[[str], Unusable]) -> int:
+def _tensor_cost(tensor: torch.Tensor, refuse: Callable[[str], Exception]) -> int:
     """The bytes a copy of ``tensor`` takes; ``refuse(why)`` raised when it has more elements than its storage
     holds, or a layout no checkpoint holds."""
     import torch
