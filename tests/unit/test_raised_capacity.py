@@ -96,6 +96,18 @@ def _after_a_crash(tmp_path, monkeypatch, taken_over: bool, forged: dict | None 
     ``_COST`` (with ``forged`` over its figures) with the on-demand group raised (``raised_as``: its ``raised``
     as stored instead); the new driver is stopped as :class:`StopsAtFind` says, and returns the store and the
     capacity calls it made."""
+    config, store = _crashed(tmp_path, monkeypatch, **options)
+    path = tmp_path / "ckpt" / ALIVE_RECORD
+    entry = json.loads(path.read_text())
+    entry["cost"].update(forged or {})
+    entry["raised"] = entry["raised"] if raised_as is None else raised_as
+    path.write_text(json.dumps(entry))
+    return store, _restarted(config, taken_over).calls
+
+
+def _crashed(tmp_path, monkeypatch, **options):
+    """(config, store) of job j1, whose driver on another machine crashed an hour ago having spent ``_COST`` with
+    the on-demand group raised."""
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
     config = JobConfig(command=("python", "train.py"), num_proc=1, min_np=1, max_np=1,
                        checkpoint_dir=str(tmp_path / "ckpt"), manage_capacity=True, driver_grace_s=60.0,
@@ -104,15 +116,15 @@ def _after_a_crash(tmp_path, monkeypatch, taken_over: bool, forged: dict | None 
     plan_start(config, store, job_id="j1")
     write_driver_alive(store, DriverAlive("j1", time.time() - 3600, 60.0, "other-vm", 4242, raised=(("od", 2),),
                                           cost=_COST))
-    path = tmp_path / "ckpt" / ALIVE_RECORD
-    entry = json.loads(path.read_text())
-    entry["cost"].update(forged or {})
-    entry["raised"] = entry["raised"] if raised_as is None else raised_as
-    path.write_text(json.dumps(entry))
+    return config, store
+
+
+def _restarted(config: JobConfig, taken_over: bool) -> StopsAtFind:
+    """The driver started again for the job, stopped as :class:`StopsAtFind` says (exit code 130)."""
     groups = StopsAtFind(taken_over)
     groups.driver = Driver(config, groups, job_id="j2")
     assert groups.driver.run().exit_code == 130
-    return store, groups.calls
+    return groups
 
 
 def test_a_driver_that_takes_the_job_over_reports_its_predecessors_cost_with_its_own(tmp_path, monkeypatch, caplog):
@@ -177,19 +189,29 @@ def test_a_sign_of_life_that_cannot_be_read_at_all_asks_the_operator_to_lower_an
         tmp_path, monkeypatch, caplog, text):
     """fixI2: the driver cannot know which groups its predecessor raised; it says so in one line naming the file,
     sets none back, and runs."""
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
-    config = JobConfig(command=("python", "train.py"), num_proc=1, min_np=1, max_np=1,
-                       checkpoint_dir=str(tmp_path / "ckpt"), manage_capacity=True, discovery_interval_s=0.1)
-    plan_start(config, open_store(config), job_id="j1")
+    config, _ = _crashed(tmp_path, monkeypatch)
     (tmp_path / "ckpt" / ALIVE_RECORD).write_text(text)
-    groups = StopsAtFind(taken_over=True)
-    groups.driver = Driver(config, groups, job_id="j2")
-    assert groups.driver.run().exit_code == 130
+    _restarted(config, taken_over=True)
     [line] = [r.getMessage() for r in caplog.records if "is unreadable" in r.getMessage()]
     assert line.startswith(f"job j1: {tmp_path / 'ckpt' / ALIVE_RECORD} is unreadable: ") and "\n" not in line
     assert "the host groups the previous driver raised (--manage-capacity), if any, are not known" in line
     assert "set it to 0 yourself once nothing needs it" in line
     assert "the previous driver raised host source" not in caplog.text
+
+
+def test_a_driver_killed_while_it_waited_leaves_its_predecessors_raised_group_and_cost_to_the_next(
+        tmp_path, monkeypatch, caplog):
+    """fixI2: driver B, restarted on another machine after A crashed with a group raised, claimed the job and was
+    killed in its wait, before its first sign of life: its claim, newer than A's entry, was taken for the last
+    sign of life, and it says no group: driver C never set A's group back to 0 (paid for after the job)."""
+    from cloud_elastic.checkpoint.claims import claim
+
+    caplog.set_level(logging.INFO)
+    config, store = _crashed(tmp_path, monkeypatch)  # driver A's sign of life
+    assert claim(store, 1, DriverAlive("j1", time.time() - 3000, 60.0, "vm-b", 777)) is None  # driver B's
+    groups = _restarted(config, taken_over=True)
+    assert "the previous driver raised host source 'od' to 2" in caplog.text and groups.calls[-1] == ("od", 0)
+    assert "cost so far carried from the previous driver: $12.50" in caplog.text
 
 
 def test_a_driver_stopped_before_it_takes_the_job_over_carries_its_predecessors_cost_forward(tmp_path, monkeypatch):

@@ -475,7 +475,8 @@ def _previous_alive(store: Any, job_id: str, record: Any, newest: Any) -> tuple[
     left beside the checkpoints, unless it ended cleanly; without one, the creation of ``record`` (``job.json``)
     by the driver it names; and the newest claim (``newest``, :mod:`cloud_elastic.checkpoint.claims`) of a
     driver other than the one that left it. A creation or claim is the sign of life of a driver that writes its
-    own a moment later (or never, having lost to a live one).
+    own a moment later (or never, having lost to a live one); a claim carries the groups raised and the cost the
+    entry gives (its driver carried them while it waited).
 
     ConfigError when it is a live driver on this machine (whose local record was lost).
     """
@@ -493,7 +494,12 @@ def _previous_alive(store: Any, job_id: str, record: Any, newest: Any) -> tuple[
         entry = None
     claimed = newest.driver if newest is not None else None
     if claimed is not None and (entry is None or (entry.host, entry.pid) != (claimed.host, claimed.pid)):
-        signs.append((replace(claimed, alive=min(claimed.alive, time.time())), newest.path, True))
+        # A claim says nothing of the groups raised nor of the cost: its driver carried the entry's while it
+        # waited (and died before its own sign of life would have said them); without them, a raised group is
+        # left paid for by every later driver.
+        carried = {} if entry is None or entry.stopped or entry.job_id != job_id else dict(
+            raised=entry.raised, cost=entry.cost, refused=entry.refused)
+        signs.append((replace(claimed, alive=min(claimed.alive, time.time()), **carried), newest.path, True))
     best: tuple[Any, str | None] = (None, None)
     for sign, by, first in signs:
         if sign is None or sign.job_id != job_id or sign.stopped or sign.is_this_process():
