@@ -19,7 +19,7 @@ from cloud_elastic.notices.api import KINDS as NOTICE_KINDS
 __all__ = ["CHECKPOINT_EVENTS", "CHECKPOINT_FAILURES", "CheckpointReport", "DrainRequest", "ExitingReport",
            "NOTICE_KINDS", "NoticeReport", "StacksReport", "UNTOLD", "UnhealthyReport", "driver_retrying",
            "driver_unreachable", "fingerprint_field", "said_own_reason", "said_retrying", "said_unreachable",
-           "MAX_ADDRESSES", "address_field"]
+           "MAX_ADDRESSES", "address_field", "evidence_fields"]
 
 #: What a durable checkpoint report says happened (kind ``checkpoint``): ``not_written`` is one attempt that failed
 #: in a way a later one may mend (storage trouble); the driver warns, and ends the job only by its own rule.
@@ -104,6 +104,20 @@ def address_field(msg: Mapping[str, Any], name: str, what: str) -> tuple[str, ..
         except ValueError:
             pass
     raise ControlPlaneError(f"malformed {what}: {name!r} must be a list of at most {MAX_ADDRESSES} IP addresses")
+
+
+def evidence_fields(msg: Mapping[str, Any], what: str) -> tuple[tuple[str, ...], tuple[str, ...] | None]:
+    """A rendezvous request's ``unreachable`` and ``addresses`` (``protocol.RendezvousRequest``). Without
+    ``addresses`` it is an older worker's, whose ``unreachable`` names hosts of its assignment's ``hosts``, not
+    addresses: at most :data:`MAX_ADDRESSES` names of at most 255 characters. ControlPlaneError naming the field."""
+    addresses = address_field(msg, "addresses", what)
+    if addresses is not None:
+        return address_field(msg, "unreachable", what) or (), addresses
+    raw = msg.get("unreachable") or []
+    if isinstance(raw, list) and len(raw) <= MAX_ADDRESSES and all(isinstance(h, str) and 0 < len(h) <= 255
+                                                                    for h in raw):
+        return tuple(raw), None
+    raise ControlPlaneError(f"malformed {what}: 'unreachable' must be a list of at most {MAX_ADDRESSES} host names")
 
 
 #: The fingerprint a worker reports once its state's attributes stood still over training: they do not tell its
