@@ -328,7 +328,7 @@ class WorkerContext(NextGroupMixin, DriverLinkMixin, RoundGroupsMixin, ExitingMi
         ledger = self.ledger
         request = RendezvousRequest(last_round, reason, ledger.commits, ledger.rolled_back, ledger.commit_seq,
                                     ledger.holds_commit, self.unreachable if reason == "failure" else (),
-                                    ledger.trained, own_addresses(self.hostname)).to_wire()
+                                    ledger.trained, own_addresses(self.hostname, self.interface)).to_wire()
         self.unreachable = ()
         while True:
             reply = parse_rendezvous_reply(self._call("rendezvous", request, timeout_s=60.0))

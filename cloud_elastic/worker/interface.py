@@ -10,15 +10,19 @@ one clear line. It is checked where the workers run instead:
   (:func:`~cloud_elastic.protocol_reports.said_own_reason`); a failure like any other, so the host's slots are
   blacklisted as a failing host's are.
 
+The interface's own addresses (:func:`interface_addresses`) are what a worker bound to it gives the driver as its
+host's (``worker.rounds.peers.own_addresses``): Gloo binds the interface's, whatever the host's name resolves to.
+
 Standard library only: the CLI imports it, and it must not import torch.
 """
 
 from __future__ import annotations
 
+import ctypes
 import socket
 import sys
 
-__all__ = ["exit_if_missing", "missing_interface"]
+__all__ = ["exit_if_missing", "missing_interface", "interface_addresses"]
 
 #: The most interface names a refusal lists (a machine with hundreds of veth devices says "...").
 _LISTED = 12
@@ -50,3 +54,42 @@ def exit_if_missing(name: str | None, worker_id: str, host: str) -> None:
     if why is not None:
         print(f"cloud-elastic: worker {worker_id}: {why}", file=sys.stderr, flush=True)
         raise SystemExit(1)
+
+
+class _Sockaddr(ctypes.Structure):  # Linux's: the family is the first two bytes (BSDs put a length byte first)
+    _fields_ = [("family", ctypes.c_ushort), ("data", ctypes.c_ubyte * 26)]
+
+
+class _Ifaddrs(ctypes.Structure):
+    pass
+
+
+_Ifaddrs._fields_ = [("next", ctypes.POINTER(_Ifaddrs)), ("name", ctypes.c_char_p), ("flags", ctypes.c_uint),
+                     ("addr", ctypes.POINTER(_Sockaddr)), ("netmask", ctypes.c_void_p), ("ifu", ctypes.c_void_p),
+                     ("data", ctypes.c_void_p)]
+#: Where a family's address lies in its sockaddr's data (after the port; IPv6: and the flow label), and its length.
+_ADDRESS_AT = {socket.AF_INET: (2, 4), socket.AF_INET6: (6, 16)}
+
+
+def interface_addresses(name: str) -> tuple[str, ...]:
+    """The IP addresses of this machine's network interface ``name`` (IPv4 and IPv6), in the order ``getifaddrs``
+    lists them, the one Gloo binds to first; () when it has none or they cannot be read (not Linux)."""
+    if not sys.platform.startswith("linux"):
+        return ()
+    libc = ctypes.CDLL(None)  # the process's own symbols: libc's among them
+    head = ctypes.POINTER(_Ifaddrs)()
+    if libc.getifaddrs(ctypes.byref(head)) != 0:
+        return ()
+    found: list[str] = []
+    try:
+        entry = head
+        while entry:
+            item = entry.contents
+            at = _ADDRESS_AT.get(item.addr.contents.family) if item.addr else None
+            if at is not None and item.name == name.encode():
+                (start, length), raw = at, bytes(item.addr.contents.data)
+                found.append(socket.inet_ntop(item.addr.contents.family, raw[start:start + length]))
+            entry = item.next
+    finally:
+        libc.freeifaddrs(head)
+    return tuple(dict.fromkeys(found))
