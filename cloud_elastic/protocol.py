@@ -37,7 +37,7 @@ from typing import Any, Mapping
 
 from cloud_elastic.errors import ControlPlaneError
 from cloud_elastic.protocol_reports import (  # there: this module is at its size bound
-    MAX_ADDRESSES, StacksReport, evidence_fields, fingerprint_field)
+    MAX_ADDRESSES, StacksReport, evidence_fields, fingerprint_field, fingerprint_wire)
 
 __all__ = [
     "RankInfo", "Assignment", "ExitOrder", "WaitReply", "RendezvousReply", "PollReply", "NextRound", "NextRoundReport",
@@ -262,7 +262,7 @@ class RendezvousRequest:
     def to_wire(self) -> dict[str, Any]:
         addresses = None if self.addresses is None else list(self.addresses[:MAX_ADDRESSES])
         return {"last_round": self.last_round, "reason": self.reason, "commits": self.commits, "rolled_back": self.rolled_back,
-                "commit_seq": self.commit_seq, "holds_commit": self.holds_commit, "trained": self.trained,
+                "commit_seq": self.commit_seq, "holds_commit": self.holds_commit, **fingerprint_wire(self.trained),
                 "unreachable": list(self.unreachable[:MAX_ADDRESSES]), "addresses": addresses}
 
     @classmethod
@@ -407,7 +407,7 @@ class PollRequest:
                 "comm_s": self.comm_s, "link": None if self.link is None else self.link.to_wire(),
                 "flight": None if self.flight is None else self.flight.to_wire(), "pause_s": self.pause_s,
                 "next_plan": self.next_plan, "elastic": self.elastic, "stacks_signal": self.stacks_signal,
-                "trained": self.trained}
+                **fingerprint_wire(self.trained)}
 
     @classmethod
     def from_wire(cls, msg: Mapping[str, Any]) -> "PollRequest":

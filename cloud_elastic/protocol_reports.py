@@ -19,7 +19,7 @@ from cloud_elastic.notices.api import KINDS as NOTICE_KINDS
 __all__ = ["CHECKPOINT_EVENTS", "CHECKPOINT_FAILURES", "CheckpointReport", "DrainRequest", "ExitingReport",
            "NOTICE_KINDS", "NoticeReport", "StacksReport", "UNTOLD", "UnhealthyReport", "driver_retrying",
            "driver_unreachable", "fingerprint_field", "said_own_reason", "said_retrying", "said_unreachable",
-           "MAX_ADDRESSES", "address_field", "evidence_fields"]
+           "MAX_ADDRESSES", "address_field", "evidence_fields", "fingerprint_wire"]
 
 #: What a durable checkpoint report says happened (kind ``checkpoint``): ``not_written`` is one attempt that failed
 #: in a way a later one may mend (storage trouble); the driver warns, and ends the job only by its own rule.
@@ -127,15 +127,24 @@ UNTOLD = "-"
 _FINGERPRINT = frozenset("0123456789abcdef")
 
 
+def fingerprint_wire(trained: str) -> dict[str, Any]:
+    """The fields that carry ``trained`` (``worker.ledger.CommitLedger.trained``): the fingerprint alone in
+    ``trained``, as drivers before its mark read it (they refuse any other text there: a marked one cut a newer
+    worker's heartbeats off), and its mark ``+`` as ``moved``, which they ignore. Read by :func:`fingerprint_field`."""
+    return {"trained": trained.removeprefix("+"), "moved": trained.startswith("+")}
+
+
 def fingerprint_field(msg: Mapping[str, Any], what: str) -> str:
     """``msg["trained"]``: the fingerprint of the state a worker would restore (see ``driver.job.repeats``), "" when
-    absent (an older worker, a state without plain attributes); a one-line error for anything else."""
+    absent (an older worker, a state without plain attributes), marked ``+`` when ``msg["moved"]`` is true (see
+    :func:`fingerprint_wire`; or written in it, as workers did for a while); a one-line error for anything else."""
     value = msg.get("trained")
     if value is None or value == "":
         return ""
-    return _field(msg, "trained", what, str, "a state fingerprint (at most 16 hex digits, marked '+' or not, or '-')",
-                  lambda v: v == UNTOLD or 0 < len(v.removeprefix("+")) <= 16 and _FINGERPRINT.issuperset(
-                      v.removeprefix("+")))
+    value = _field(msg, "trained", what, str, "a state fingerprint (at most 16 hex digits, marked '+' or not, or '-')",
+                   lambda v: v == UNTOLD or 0 < len(v.removeprefix("+")) <= 16 and _FINGERPRINT.issuperset(
+                       v.removeprefix("+")))
+    return "+" + value if msg.get("moved") is True and value[0] not in "+-" else value
 
 
 @dataclass(frozen=True)
