@@ -338,3 +338,14 @@ def test_an_older_workers_evidence_by_host_name_is_read_and_bounded() -> None:
     # A newer worker's (it gives its addresses) still names addresses only.
     with pytest.raises(ControlPlaneError, match="'unreachable' must be a list of at most 16 IP addresses"):
         RendezvousRequest.from_wire({**older, "addresses": ["10.0.0.1"]})
+
+
+def test_a_partition_no_one_could_name_next_to_an_older_worker_ends_the_job_naming_the_older_workers_hosts() -> None:
+    """Hosts by name, and only the newer side connecting: its report of the older worker's address names no host
+    (the older worker gives none), so the job ends, and its line says which hosts run an older version."""
+    sim = _started_mixed("a b c", older="c", min_np=1, **SHORT)
+    while sim.outcome is None and sim.now < 3000:
+        _mixed_formation_fails(sim, "c", {"b[0]": ("c",)})
+    failed(sim, "round formation failed 3 times", "hosts a, b, c", "the workers on c run an older cloud-elastic",
+           "firewall")
+    assert "\n" not in sim.outcome.reason

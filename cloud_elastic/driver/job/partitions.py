@@ -196,7 +196,8 @@ class Partitions:
         # A partition may heal (a rule rolled back, a switch back up): the state lives only in the workers, so
         # the job gives it as long as it gives a job below --min-np to recover.
         if self.streak >= FAILED_FORMATIONS_LIMIT and now - self._since >= job.policy.elastic_timeout_s:
-            self._stop(sorted(hosts, key=job.hosts.order_of), edges, now - self._since)
+            older = sorted({w.slot.host for w in back if w.addresses is None}, key=job.hosts.order_of)
+            self._stop(sorted(hosts, key=job.hosts.order_of), edges, now - self._since, older)
             return False
         return True
 
@@ -233,9 +234,12 @@ class Partitions:
         self.streak = 0
         return True
 
-    def _stop(self, hosts: list[str], edges: set[tuple[str, str]], lasted_s: float) -> None:
+    def _stop(self, hosts: list[str], edges: set[tuple[str, str]], lasted_s: float, older: list[str]) -> None:
         job = self._job
         named = f"; members reported {', '.join(f'{a} cannot reach {b}' for a, b in sorted(edges))}" if edges else ""
+        if not edges and older:  # a newer member's report of an older worker's host names no host (see above)
+            named = (f"; no member's report named a host, and the workers on {', '.join(older)} run an older "
+                     "cloud-elastic, which gives no addresses to name their hosts by (upgrade them)")
         short = (f", and excluding a side would leave fewer than --min-np {job.policy.min_np}" if edges else "")
         if len(hosts) == 1:
             # No network between hosts is involved: the group cannot form on this host at all.
