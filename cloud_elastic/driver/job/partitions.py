@@ -128,11 +128,12 @@ def round_hosts(members: Iterable[WorkerRecord]) -> tuple[str, ...]:
 
 
 def unreached_by(w: WorkerRecord, owners: dict[str, set[str]], hosts: set[str]) -> list[str]:
-    """The hosts ``w`` said at its last rendezvous it could not reach: addresses named by ``owners``, or, from an
-    older worker (it gave no addresses of its own), the host names it was given, those of ``hosts`` only. Pure."""
+    """The hosts ``w`` said at its last rendezvous it could not reach: addresses named by ``owners``, and from an
+    older worker (it gave no addresses of its own) the host names it was given, those of ``hosts`` only. Pure."""
+    named = named_hosts(w.unreachable, owners, w.slot.host)
     if w.addresses is None:
-        return [h for h in dict.fromkeys(w.unreachable) if h in hosts and h != w.slot.host]
-    return named_hosts(w.unreachable, owners, w.slot.host)
+        return list(dict.fromkeys([h for h in w.unreachable if h in hosts and h != w.slot.host] + named))
+    return named
 
 
 def hosts_to_exclude(edges: Iterable[tuple[str, str]], keep: str, order: Callable[[str], int]) -> list[str]:
