@@ -149,13 +149,19 @@ def _tensor_cost(tensor: torch.Tensor, refuse: Callable[[str], Exception]) -> in
     if tensor.layout != torch.strided:
         raise refuse(f"holds a tensor of layout {tensor.layout}, which no checkpoint holds")
     try:
-        size, stored = tensor.numel() * tensor.element_size(), tensor.untyped_storage().nbytes()
+        per_byte = _PER_BYTE.get(str(tensor.dtype), 1)  # quint4x2 keeps 2 elements a byte, and says 1 byte each
+        size = -(-tensor.numel() * tensor.element_size() // per_byte)
+        stored = tensor.untyped_storage().nbytes()
     except (RuntimeError, NotImplementedError) as exc:  # a tensor without a storage of its own
         raise refuse(f"holds a tensor whose storage cannot be measured ({one_line(exc, 120)})") from None
     if size > stored:
         raise refuse(f"holds a tensor of shape {list(tensor.shape)[:8]} and strides {list(tensor.stride())[:8]}, "
                      f"{size:,} bytes of elements over {stored:,} bytes of storage (a view that repeats them)")
     return size + TENSOR_COST
+
+
+#: The dtypes that keep more than one element in a byte, by name: how many.
+_PER_BYTE = {"torch.quint4x2": 2, "torch.quint2x4": 4}
 
 
 def _where(stack: list[list[Any]], key: Any) -> str:
