@@ -19,7 +19,22 @@ from cloud_elastic.notices.api import KINDS as NOTICE_KINDS
 __all__ = ["CHECKPOINT_EVENTS", "CHECKPOINT_FAILURES", "CheckpointReport", "DrainRequest", "ExitingReport",
            "NOTICE_KINDS", "NoticeReport", "StacksReport", "UNTOLD", "UnhealthyReport", "driver_retrying",
            "driver_unreachable", "fingerprint_field", "said_own_reason", "said_retrying", "said_unreachable",
-           "MAX_ADDRESSES", "address_field", "evidence_fields", "fingerprint_wire"]
+           "MAX_ADDRESSES", "address_field", "evidence_fields", "fingerprint_wire", "MAX_ERROR_LINE", "error_line"]
+
+#: The most characters of the error a worker reports it ended with (``exiting``, ``completed``). A worker's own
+#: one-line refusals run past 300 characters, and their last words say where to read on (docs/porting.md).
+MAX_ERROR_LINE = 500
+
+
+def error_line(text: str, limit: int = MAX_ERROR_LINE) -> str:
+    """The first line of ``text``, cut to at most ``limit`` characters at a word's end with "…" (not mid-word)."""
+    lines = text.strip().splitlines()
+    line = lines[0].rstrip() if lines else ""
+    if len(line) <= limit:
+        return line
+    cut = line[:limit - 1]
+    space = cut.rfind(" ")
+    return (cut[:space] if space > limit // 2 else cut).rstrip(" ;,:") + "…"
 
 #: What a durable checkpoint report says happened (kind ``checkpoint``): ``not_written`` is one attempt that failed
 #: in a way a later one may mend (storage trouble); the driver warns, and ends the job only by its own rule.
@@ -71,13 +86,23 @@ def said_unreachable(line: str) -> str | None:
 _NO_INTERFACE = ": --network-interface "
 
 
+#: What the reason says after the host's name when the host's name does not resolve there (Gloo has no address
+#: to bind: :func:`cloud_elastic.worker.interface.unresolved_host`), after ``cloud-elastic: worker ID: ``.
+_UNRESOLVED = " does not resolve on that host"
+
+
 def said_own_reason(line: str) -> str | None:
     """The reason in a worker's output ``line`` when it is cloud-elastic's own final line of a worker that exits
-    before it could report one: it never reached the driver (:func:`said_unreachable`), or its host lacks the
-    ``--network-interface`` (:func:`cloud_elastic.worker.interface.exit_if_missing`); else None."""
-    if not line.startswith("cloud-elastic: worker ") or _NO_INTERFACE not in line:
-        return said_unreachable(line)
-    return line[line.index(_NO_INTERFACE) + 2:].strip()[:400]
+    before it could report one: it never reached the driver (:func:`said_unreachable`), its host lacks the
+    ``--network-interface`` or its host's name does not resolve there
+    (:func:`cloud_elastic.worker.interface.exit_if_missing`); else None."""
+    if not line.startswith("cloud-elastic: worker "):
+        return None
+    if _NO_INTERFACE in line:
+        return line[line.index(_NO_INTERFACE) + 2:].strip()[:400]
+    if _UNRESOLVED in line and ": host name " in line:
+        return line[line.index(": host name ") + 2:].strip()[:400]
+    return said_unreachable(line)
 
 
 def _field(msg: Mapping[str, Any], name: str, what: str, kind: type, must: str, ok: Any = None) -> Any:
@@ -299,5 +324,5 @@ class ExitingReport:
         what = "exiting message"
         code = None if msg.get("code") is None else _field(msg, "code", what, int, "an integer or null",
                                                             lambda v: -256 < v < 256)
-        error = None if msg.get("error") is None else _field(msg, "error", what, str, "a string or null")[:300]
+        error = None if msg.get("error") is None else _field(msg, "error", what, str, "a string or null")[:MAX_ERROR_LINE]
         return cls(code, error)

@@ -211,7 +211,9 @@ class WorkerContext(NextGroupMixin, DriverLinkMixin, RoundGroupsMixin, ExitingMi
     # ------------------------------------------------------------- lifecycle
     def start(self) -> None:
         """Register with the driver, start heartbeats and join the first round."""
-        exit_if_missing(self.interface, self.worker_id, self.hostname)  # not a failing group each round (see .interface)
+        # Not a failing group each round (see .interface).
+        gloo = self.backend == "gloo" and not self.standalone
+        exit_if_missing(self.interface, self.worker_id, self.hostname, gloo)
         memory.keep_freed_memory(self.settings.malloc_tuning)
         atexit.register(self._at_exit)
         self.progress.watch_thread()

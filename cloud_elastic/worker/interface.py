@@ -22,10 +22,28 @@ import ctypes
 import socket
 import sys
 
-__all__ = ["exit_if_missing", "missing_interface", "interface_addresses"]
+__all__ = ["exit_if_missing", "missing_interface", "unresolved_host", "interface_addresses"]
 
 #: The most interface names a refusal lists (a machine with hundreds of veth devices says "...").
 _LISTED = 12
+
+
+def unresolved_host(host: str) -> str | None:
+    """None when ``host`` resolves on this machine; else the one line saying it does not. Gloo binds a group to the
+    address the host's name resolves to: a name only the driver knows (its ``~/.ssh/config``, its ``/etc/hosts``)
+    failed every round ("Cannot resolve NAME to a (local) address") for the whole ``--elastic-timeout``, and the
+    job's end line blamed the firewall."""
+    try:
+        socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+        return None
+    except (OSError, UnicodeError) as exc:
+        return (f"host name {host[:80]!r}{_NOT_RESOLVED} ({exc}): the process group binds to the address a host's "
+                "name resolves to; name the host by its IP address, or give --network-interface")
+
+
+#: What :func:`unresolved_host`'s line says after the name: the driver reads the line back as the worker's reason
+#: (:func:`~cloud_elastic.protocol_reports.said_own_reason`).
+_NOT_RESOLVED = " does not resolve on that host"
 
 
 def missing_interface(name: str, where: str) -> str | None:
@@ -45,12 +63,11 @@ def missing_interface(name: str, where: str) -> str | None:
     return f"--network-interface {name[:40]!r}: {where} has no network interface of that name{has}"
 
 
-def exit_if_missing(name: str | None, worker_id: str, host: str) -> None:
-    """Exit this worker (code 1) with one line when its machine lacks interface ``name`` (None: none was given):
-    the group it would form fails on every try."""
-    if not name:
-        return
-    why = missing_interface(name, f"host {host}")
+def exit_if_missing(name: str | None, worker_id: str, host: str, gloo: bool = False) -> None:
+    """Exit this worker (code 1) with one line when its machine lacks interface ``name`` or, with no ``name`` and a
+    ``gloo`` group to form, when ``host`` (its host, as the driver names it) does not resolve here
+    (:func:`unresolved_host`): the group it would form fails on every try."""
+    why = missing_interface(name, f"host {host}") if name else unresolved_host(host) if gloo else None
     if why is not None:
         print(f"cloud-elastic: worker {worker_id}: {why}", file=sys.stderr, flush=True)
         raise SystemExit(1)

@@ -193,7 +193,7 @@ class Driver:
         finally:
             self._shutdown()
             self._flush_events()
-            verdict = "succeeded" if outcome.success else ("interrupted" if outcome.exit_code in (130, 143) else "failed")
+            verdict = _verdict(outcome)
             with self._cond:
                 # Charged until the workers had stopped, not through the groups' lowering after it.
                 cost = final_cost(self._job, self._stopped_at if self._stopped_at is not None else self._clock())
@@ -522,11 +522,17 @@ class Driver:
         self._endpoints.close()  # every worker is stopped; in a Ray or Spark user's process it would serve on
         if self._status_recorded:
             remove_record(job_dir(self.job_id))  # every worker is stopped: nothing is left to adopt
-            remove_driver_record(self.job_id)
+            outcome = self._job.outcome  # kept a while for 'status JOB', which then says how it ended
+            remove_driver_record(self.job_id, ended=f"{_verdict(outcome)}: {outcome.reason}" if outcome else None)
         try:
             self._discovery.close()
         except Exception:  # closing is best effort; the job's outcome is already decided
             log.debug("discovery close failed", exc_info=True)
+
+
+def _verdict(outcome: Finish) -> str:
+    """How the job ended in a word: its ``job_finished`` event's ``outcome``."""
+    return "succeeded" if outcome.success else ("interrupted" if outcome.exit_code in (130, 143) else "failed")
 
 
 _print_lock = threading.Lock()
