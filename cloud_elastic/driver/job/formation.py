@@ -38,6 +38,7 @@ from cloud_elastic.driver.job.ranks import Member, assign_ranks
 from cloud_elastic.driver.job.plan import Candidate, RoundPlan, StateLost, plan_round, whole_host_groups
 from cloud_elastic.driver.job.spares import (admit, doubtful, has_room, source_rank, spare_key, spare_slots,
                                              spares_now)
+from cloud_elastic.driver.job.no_commit import ASK
 from cloud_elastic.driver.job.view import JobView
 from cloud_elastic.driver.job.workers import WorkerRecord, WorkerState
 from cloud_elastic.protocol import Assignment, RankInfo
@@ -519,6 +520,9 @@ class RoundFormation:
             if job.state_committed:
                 log.info("job %s: round %d's survivors rolled back %d step(s), to their commit of step %d",
                          job.job_id, aborted, self.steps_lost, commit)
+            elif self.steps_lost:
+                log.warning("job %s: round %d's survivors went back to the initial state, losing %d optimizer step(s): "
+                            "no worker has committed (%s)", job.job_id, aborted, self.steps_lost, ASK)
             for what in self._drains.take_forced_drains():
                 log.info("%s; the survivors rolled back %d step(s) to their last commit", what, self.steps_lost)
         self.steps_lost = 0
