@@ -24,9 +24,10 @@ SCRIPT = textwrap.dedent('''
     model = torch.nn.Linear(4, 1)
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01))
     NO_RUN = os.environ.get("NO_RUN") == "1"
+    STEPS = int(os.environ.get("STEPS", "80"))
 
     def train(state):
-        while state.step < 80:
+        while state.step < STEPS:
             opt.zero_grad(); model(torch.randn(8, 4)).sum().backward(); opt.step()
             state.step += 1
             if os.environ.get("COMMIT", "1") == "1":
@@ -64,12 +65,14 @@ def test_a_resumed_job_whose_script_skips_elastic_run_fails_once_rather_than_ret
     script.write_text(SCRIPT)
     ckpt = tmp_path / "ckpt"
     args = ["run", "-np", "2", "-H", HOSTS, "--checkpoint-dir", str(ckpt), sys.executable, str(script)]
-    first = jobs(args)
+    # A few steps: the point is the checkpoint it leaves, then what the same command does from it (80 steps of
+    # 25 ms in each run waited for nothing).
+    first = jobs(args, env={"STEPS": "8"})
     assert first.finish(60) == 0, first.output()
     assert list(ckpt.glob("ckpt-*")), "the elastic run wrote no checkpoint"
     # The same command, its training function no longer run by hvd.elastic.run (and not committing): the job
     # resumes from the checkpoint, which no worker loads.
-    again = jobs(args, env={"NO_RUN": "1", "COMMIT": "0"})
+    again = jobs(args, env={"NO_RUN": "1", "COMMIT": "0", "STEPS": "8"})
     assert again.finish(60) == 1, again.output()
     last, out = again.lines[-1], again.output()
     assert "exited 0 without entering hvd.elastic.run, so none loaded the checkpoint this job resumes from" in last, last
