@@ -50,6 +50,10 @@ LONGEST = {
     "tests/integration/test_repeat_horovod_loop.py::test_a_rank_deadlocked_at_the_same_batch_of_horovods_loop_ends_the_job_at_its_third_give_up": 54,
     "tests/integration/test_repeat_horovod_loop.py::test_a_rank_stuck_each_relaunch_one_commit_further_trains_to_the_end": 38,
     "tests/integration/test_repeat_horovod_loop.py::test_a_collective_only_rank_0_runs_in_horovods_loop_ends_the_job_at_the_third_stall": 35,
+    # The cloud-jobs lane's new driver restarts over moto (2026-11-30, a loaded clean-clone run at bc265aa: 23.8 and
+    # 15.3 s), scaled by test_cli's figure over its time in that run (33 / 63.7): they are ordered among that lane's.
+    "tests/emulator/test_multi_source.py::test_idle_raised_slots_show_in_status_and_their_cost_goes_on_across_a_driver_restart": 12,
+    "tests/emulator/test_multi_source.py::test_a_forged_cost_in_the_sign_of_life_loses_no_group_raised_across_a_driver_restart": 8,
 }
 
 
@@ -71,6 +75,7 @@ LONGEST_FILES = {
     "tests/emulator/test_notice_watchers.py": 48,  # 65 until the fakes stopped in 0.05 s (c50776f: 59 -> 44 s alone)
     "tests/emulator/test_gcp.py": 64,
     "tests/kubernetes/test_mutations.py": 60,  # 316 until its schema checks were cached (f63defb)
+    "tests/unit/test_checkpoint_forged_bounds.py": 35,  # new 2026-11-30: two of its tests 30 s in a loaded run
 }
 
 
