@@ -112,9 +112,10 @@ def cli(ctx: click.Context) -> None:
 @click.option("--host-missing-grace", type=float, default=10.0, metavar="SECONDS",
               help="a host gone from discovery without a draining state is removed after this long (default 10)")
 @click.option("--checkpoint-dir", metavar="URL", help="durable checkpoints: a local path or fsspec URL (default: none)")
-@click.option("--checkpoint-interval", type=float, default=300.0, metavar="SECONDS",
-              help="seconds between durable checkpoints (default 300)")
-@click.option("--checkpoint-keep", type=int, default=2, metavar="N", help="durable checkpoints to keep (default 2)")
+@click.option("--checkpoint-interval", type=float, metavar="SECONDS",
+              help="seconds between durable checkpoints (default 300; needs --checkpoint-dir)")
+@click.option("--checkpoint-keep", type=int, metavar="N",
+              help="durable checkpoints to keep (default 2; needs --checkpoint-dir)")
 @click.option("--driver-grace", type=float, default=60.0, metavar="SECONDS",
               help="how long workers keep training without a driver before they stop (default 60)")
 @click.option("--notice-watcher", type=click.Choice(["auto", "aws", "gcp", "azure", "none"]), default="auto",
@@ -208,6 +209,9 @@ def run(discovery: DiscoveryArgs, **params: Any) -> int:
     check_endpoint(watched_cloud(config.notice_watcher, str(getattr(built, "name", ""))), {**inherited, **forwarded})
     check_environ(inherited, forwarded, checkpointing=config.checkpoint_dir is not None)
     forkserver.enabled()
+    forgotten = forgotten_value("--checkpoint-dir", config.checkpoint_dir, config.command)
+    if forgotten:
+        sys.stderr.write(f"{PROG}: warning: {forgotten}\n")
     _setup_logging(config.verbose)
     from cloud_elastic.driver.runtime.driver import Driver
 
@@ -258,8 +262,8 @@ def job_config(params: dict[str, Any], discovery: DiscoveryArgs | None = None):
         force_ssh=params["force_ssh"],
         host_missing_grace_s=params["host_missing_grace"],
         checkpoint_dir=params["checkpoint_dir"],
-        checkpoint_interval_s=params["checkpoint_interval"],
-        checkpoint_keep=params["checkpoint_keep"],
+        **{name: params[flag] for name, flag in (("checkpoint_interval_s", "checkpoint_interval"),
+                                                 ("checkpoint_keep", "checkpoint_keep")) if params[flag] is not None},
         driver_grace_s=params["driver_grace"],
         notice_watcher=params["notice_watcher"],
         drain_on_rebalance=params["drain_on_rebalance"],
@@ -275,9 +279,33 @@ def job_config(params: dict[str, Any], discovery: DiscoveryArgs | None = None):
         manage_capacity=params.get("manage_capacity", False),
         spares=params.get("spares", 0),
     )
+    given = [f"--{flag.replace('_', '-')}" for flag in ("checkpoint_interval", "checkpoint_keep")
+             if params[flag] is not None]
+    if given and not config.checkpoint_dir:  # the defaults could not be told from a value typed (review s63 rvU)
+        raise ConfigError(f"{' and '.join(given)} given without --checkpoint-dir: no durable checkpoint would be "
+                          "written (add --checkpoint-dir PATH_OR_URL)")
     if config.driver_address:
         _check_resolves(config.driver_address)
     return config
+
+
+def forgotten_value(option: str, value: str | None, command: Sequence[str]) -> str | None:
+    """A warning when ``option``'s ``value`` looks like the command's own interpreter, taken as the option's value
+    because the value was forgotten (``--checkpoint-dir python train.py``): ``value`` is a program on PATH and no
+    path here, and the command left starts with a script that is no program (``train.py``); else None."""
+    import shutil
+
+    if not value or not command or os.sep in value or os.path.exists(value) or not shutil.which(value):
+        return None
+    script = command[0]
+    if os.path.splitext(script)[1] not in _SCRIPTS or shutil.which(script):
+        return None
+    return (f"{option} {value!r} names a program, and the command left starts with the script {script!r}, "
+            f"which is no program: was {option}'s value forgotten? ({option} DIR {value} {script} ...)")
+
+
+#: What a script run by an interpreter ends with (:func:`forgotten_value`).
+_SCRIPTS = (".py", ".sh", ".pl", ".rb", ".js")
 
 
 def _check_resolves(address: str) -> None:

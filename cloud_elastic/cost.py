@@ -41,8 +41,8 @@ class CostSummary:
     fallback_only: float | None
     #: Dollars spent per source name (a source none of whose slots had a price is not in it).
     by_source: Mapping[str, float] = field(default_factory=dict)
-    #: Of ``slot_hours``, those of slots no worker used on hosts of a group the job raised (this driver's: a
-    #: crashed predecessor's are in its carried dollars and slot-hours, not here).
+    #: Of ``slot_hours``, those of slots no worker used on hosts of a group the job raised (a crashed
+    #: predecessor's carried ones included, as for the other figures).
     idle_slot_hours: float = 0.0
 
 
@@ -56,6 +56,8 @@ class CostSoFar:
     unpriced_slot_hours: float = 0.0
     #: (source name, dollars spent on it), sorted by name.
     by_source: tuple[tuple[str, float], ...] = ()
+    #: Of ``slot_hours``, those of free slots on hosts of a fallback group the job raised (:class:`CostSummary`).
+    idle_slot_hours: float = 0.0
 
     def plus(self, other: "CostSoFar") -> "CostSoFar":
         meter = CostMeter()
@@ -105,19 +107,23 @@ class CostMeter:
         self.dollars += before.dollars
         self.slot_hours += before.slot_hours
         self.unpriced_slot_hours += before.unpriced_slot_hours
+        self.idle_slot_hours += before.idle_slot_hours
         for source, dollars in before.by_source:
             if dollars:  # an earlier driver's $0 entry stood for a source with no known price: left out, as here
                 self.by_source[source] = self.by_source.get(source, 0.0) + dollars
 
     def so_far(self) -> CostSoFar:
-        return CostSoFar(self.dollars, self.slot_hours, self.unpriced_slot_hours, tuple(sorted(self.by_source.items())))
+        return CostSoFar(self.dollars, self.slot_hours, self.unpriced_slot_hours, tuple(sorted(self.by_source.items())),
+                         self.idle_slot_hours)
 
     @property
     def dollars_per_hour(self) -> float:
         return sum(self._rates.values(), 0.0)
 
     def summary(self) -> CostSummary:
-        priced = max(0.0, self.slot_hours - self.unpriced_slot_hours)
+        # A job on the fallback alone holds the job's slots, not the fallback hosts this job raised and left idle
+        # (the price of the fallback policy, counted in ``dollars``): they are left out of what it would have cost.
+        priced = max(0.0, self.slot_hours - self.unpriced_slot_hours - self.idle_slot_hours)
         fallback = None if self.fallback_price is None else self.fallback_price * priced
         return CostSummary(dollars=self.dollars, dollars_per_hour=self.dollars_per_hour, slot_hours=self.slot_hours,
                            unpriced_slot_hours=self.unpriced_slot_hours, fallback_only=fallback,

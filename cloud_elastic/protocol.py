@@ -37,7 +37,7 @@ from typing import Any, Mapping
 
 from cloud_elastic.errors import ControlPlaneError
 from cloud_elastic.protocol_reports import (  # there: this module is at its size bound
-    MAX_ADDRESSES, StacksReport, address_field, fingerprint_field)
+    MAX_ADDRESSES, StacksReport, evidence_fields, fingerprint_field, fingerprint_wire)
 
 __all__ = [
     "RankInfo", "Assignment", "ExitOrder", "WaitReply", "RendezvousReply", "PollReply", "NextRound", "NextRoundReport",
@@ -94,7 +94,8 @@ class RankInfo:
 @dataclass(frozen=True)
 class Assignment:
     """Rendezvous reply: the worker's place in a formed round. It names no other member, so its size does not grow with
-    the round's (the group's store tells the peers: ``worker.rounds.peers``); an older driver's ``hosts`` is ignored."""
+    the round's (the group's store tells the peers: ``worker.rounds.peers``), except to an older worker (``hosts``:
+    what it names a partition's peers from, see ``driver.job.partitions``); an older driver's ``hosts`` is ignored."""
 
     round: int
     ranks: RankInfo
@@ -107,11 +108,12 @@ class Assignment:
     planned: int = 0
     #: Every member reads its peers' addresses in the round's store (``worker.rounds.peers``): write them there.
     peers_in_store: bool = False
+    hosts: tuple[str, ...] = ()  # the round's hosts, each once: sent to an older worker only (not read back)
 
     def to_wire(self) -> dict[str, Any]:
         return dict(asdict(self.ranks), status="assigned", round=self.round, needs_sync=self.needs_sync,
                     update_gen=self.update_gen, from_checkpoint=self.from_checkpoint, planned=self.planned,
-                    peers_in_store=self.peers_in_store)
+                    peers_in_store=self.peers_in_store, **({"hosts": list(self.hosts)} if self.hosts else {}))
 
     @classmethod
     def from_wire(cls, msg: Mapping[str, Any]) -> "Assignment":
@@ -242,8 +244,8 @@ class RendezvousRequest:
     is False when its live state is not that commit and nothing it kept can restore it (a failure after an
     in-place update, see ``worker.ledger``): the driver must not take the state from it. ``unreachable``: the IP
     addresses its last round's group still tried to reach when it gave the formation up; ``addresses``: its own host's,
-    which its peers reach it at (None: an older worker's, which reads no peer's in the store); the driver names the
-    hosts behind the first by the second (``driver.job.partitions``).
+    which its peers reach it at (None: an older worker's, which reads no peer's in the store, and whose ``unreachable``
+    names hosts); the driver names the hosts behind the first by the second (``driver.job.partitions``).
     ``trained``: the fingerprint of that commit's state ("": none; see ``driver.job.repeats.Trained``).
     """
 
@@ -260,7 +262,7 @@ class RendezvousRequest:
     def to_wire(self) -> dict[str, Any]:
         addresses = None if self.addresses is None else list(self.addresses[:MAX_ADDRESSES])
         return {"last_round": self.last_round, "reason": self.reason, "commits": self.commits, "rolled_back": self.rolled_back,
-                "commit_seq": self.commit_seq, "holds_commit": self.holds_commit, "trained": self.trained,
+                "commit_seq": self.commit_seq, "holds_commit": self.holds_commit, **fingerprint_wire(self.trained),
                 "unreachable": list(self.unreachable[:MAX_ADDRESSES]), "addresses": addresses}
 
     @classmethod
@@ -270,10 +272,10 @@ class RendezvousRequest:
             raise ControlPlaneError(f"malformed rendezvous request: reason must be one of {RENDEZVOUS_REASONS}, got {reason!r}")
         what = "rendezvous request"
         holds = True if msg.get("holds_commit") is None else _bool(msg, "holds_commit", what)  # older workers: True
+        unreachable, addresses = evidence_fields(msg, what)
         return cls(_int(msg, "last_round", what), reason, _optional_int(msg, "commits", what),
                    _optional_int(msg, "rolled_back", what), _optional_int(msg, "commit_seq", what), holds,
-                   address_field(msg, "unreachable", what) or (), fingerprint_field(msg, what),
-                   address_field(msg, "addresses", what))
+                   unreachable, fingerprint_field(msg, what), addresses)
 
 
 @dataclass(frozen=True)
@@ -408,7 +410,7 @@ class PollRequest:
                 "comm_s": self.comm_s, "link": None if self.link is None else self.link.to_wire(),
                 "flight": None if self.flight is None else self.flight.to_wire(), "pause_s": self.pause_s,
                 "next_plan": self.next_plan, "elastic": self.elastic, "stacks_signal": self.stacks_signal,
-                "trained": self.trained, "holds_commit": self.holds_commit}
+                "holds_commit": self.holds_commit, **fingerprint_wire(self.trained)}
 
     @classmethod
     def from_wire(cls, msg: Mapping[str, Any]) -> "PollRequest":

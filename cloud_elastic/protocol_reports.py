@@ -19,7 +19,22 @@ from cloud_elastic.notices.api import KINDS as NOTICE_KINDS
 __all__ = ["CHECKPOINT_EVENTS", "CHECKPOINT_FAILURES", "CheckpointReport", "DrainRequest", "ExitingReport",
            "NOTICE_KINDS", "NoticeReport", "StacksReport", "UNTOLD", "UnhealthyReport", "driver_retrying",
            "driver_unreachable", "fingerprint_field", "said_own_reason", "said_retrying", "said_unreachable",
-           "MAX_ADDRESSES", "address_field"]
+           "MAX_ADDRESSES", "address_field", "evidence_fields", "fingerprint_wire", "MAX_ERROR_LINE", "error_line"]
+
+#: The most characters of the error a worker reports it ended with (``exiting``, ``completed``). A worker's own
+#: one-line refusals run past 300 characters, and their last words say where to read on (docs/porting.md).
+MAX_ERROR_LINE = 500
+
+
+def error_line(text: str, limit: int = MAX_ERROR_LINE) -> str:
+    """The first line of ``text``, cut to at most ``limit`` characters at a word's end with "…" (not mid-word)."""
+    lines = text.strip().splitlines()
+    line = lines[0].rstrip() if lines else ""
+    if len(line) <= limit:
+        return line
+    cut = line[:limit - 1]
+    space = cut.rfind(" ")
+    return (cut[:space] if space > limit // 2 else cut).rstrip(" ;,:") + "…"
 
 #: What a durable checkpoint report says happened (kind ``checkpoint``): ``not_written`` is one attempt that failed
 #: in a way a later one may mend (storage trouble); the driver warns, and ends the job only by its own rule.
@@ -71,13 +86,23 @@ def said_unreachable(line: str) -> str | None:
 _NO_INTERFACE = ": --network-interface "
 
 
+#: What the reason says after the host's name when the host's name does not resolve there (Gloo has no address
+#: to bind: :func:`cloud_elastic.worker.interface.unresolved_host`), after ``cloud-elastic: worker ID: ``.
+_UNRESOLVED = " does not resolve on that host"
+
+
 def said_own_reason(line: str) -> str | None:
     """The reason in a worker's output ``line`` when it is cloud-elastic's own final line of a worker that exits
-    before it could report one: it never reached the driver (:func:`said_unreachable`), or its host lacks the
-    ``--network-interface`` (:func:`cloud_elastic.worker.interface.exit_if_missing`); else None."""
-    if not line.startswith("cloud-elastic: worker ") or _NO_INTERFACE not in line:
-        return said_unreachable(line)
-    return line[line.index(_NO_INTERFACE) + 2:].strip()[:400]
+    before it could report one: it never reached the driver (:func:`said_unreachable`), its host lacks the
+    ``--network-interface`` or its host's name does not resolve there
+    (:func:`cloud_elastic.worker.interface.exit_if_missing`); else None."""
+    if not line.startswith("cloud-elastic: worker "):
+        return None
+    if _NO_INTERFACE in line:
+        return line[line.index(_NO_INTERFACE) + 2:].strip()[:400]
+    if _UNRESOLVED in line and ": host name " in line:
+        return line[line.index(": host name ") + 2:].strip()[:400]
+    return said_unreachable(line)
 
 
 def _field(msg: Mapping[str, Any], name: str, what: str, kind: type, must: str, ok: Any = None) -> Any:
@@ -106,6 +131,20 @@ def address_field(msg: Mapping[str, Any], name: str, what: str) -> tuple[str, ..
     raise ControlPlaneError(f"malformed {what}: {name!r} must be a list of at most {MAX_ADDRESSES} IP addresses")
 
 
+def evidence_fields(msg: Mapping[str, Any], what: str) -> tuple[tuple[str, ...], tuple[str, ...] | None]:
+    """A rendezvous request's ``unreachable`` and ``addresses`` (``protocol.RendezvousRequest``). Without
+    ``addresses`` it is an older worker's, whose ``unreachable`` names hosts of its assignment's ``hosts``, not
+    addresses: at most :data:`MAX_ADDRESSES` names of at most 255 characters. ControlPlaneError naming the field."""
+    addresses = address_field(msg, "addresses", what)
+    if addresses is not None:
+        return address_field(msg, "unreachable", what) or (), addresses
+    raw = msg.get("unreachable") or []
+    if isinstance(raw, list) and len(raw) <= MAX_ADDRESSES and all(isinstance(h, str) and 0 < len(h) <= 255
+                                                                    for h in raw):
+        return tuple(raw), None
+    raise ControlPlaneError(f"malformed {what}: 'unreachable' must be a list of at most {MAX_ADDRESSES} host names")
+
+
 #: The fingerprint a worker reports once its state's attributes stood still over training: they do not tell its
 #: commits apart, and the driver counts commits instead (``driver.job.repeats``).
 UNTOLD = "-"
@@ -113,15 +152,24 @@ UNTOLD = "-"
 _FINGERPRINT = frozenset("0123456789abcdef")
 
 
+def fingerprint_wire(trained: str) -> dict[str, Any]:
+    """The fields that carry ``trained`` (``worker.ledger.CommitLedger.trained``): the fingerprint alone in
+    ``trained``, as drivers before its mark read it (they refuse any other text there: a marked one cut a newer
+    worker's heartbeats off), and its mark ``+`` as ``moved``, which they ignore. Read by :func:`fingerprint_field`."""
+    return {"trained": trained.removeprefix("+"), "moved": trained.startswith("+")}
+
+
 def fingerprint_field(msg: Mapping[str, Any], what: str) -> str:
     """``msg["trained"]``: the fingerprint of the state a worker would restore (see ``driver.job.repeats``), "" when
-    absent (an older worker, a state without plain attributes); a one-line error for anything else."""
+    absent (an older worker, a state without plain attributes), marked ``+`` when ``msg["moved"]`` is true (see
+    :func:`fingerprint_wire`; or written in it, as workers did for a while); a one-line error for anything else."""
     value = msg.get("trained")
     if value is None or value == "":
         return ""
-    return _field(msg, "trained", what, str, "a state fingerprint (at most 16 hex digits, marked '+' or not, or '-')",
-                  lambda v: v == UNTOLD or 0 < len(v.removeprefix("+")) <= 16 and _FINGERPRINT.issuperset(
-                      v.removeprefix("+")))
+    value = _field(msg, "trained", what, str, "a state fingerprint (at most 16 hex digits, marked '+' or not, or '-')",
+                   lambda v: v == UNTOLD or 0 < len(v.removeprefix("+")) <= 16 and _FINGERPRINT.issuperset(
+                       v.removeprefix("+")))
+    return "+" + value if msg.get("moved") is True and value[0] not in "+-" else value
 
 
 @dataclass(frozen=True)
@@ -276,5 +324,5 @@ class ExitingReport:
         what = "exiting message"
         code = None if msg.get("code") is None else _field(msg, "code", what, int, "an integer or null",
                                                             lambda v: -256 < v < 256)
-        error = None if msg.get("error") is None else _field(msg, "error", what, str, "a string or null")[:300]
+        error = None if msg.get("error") is None else _field(msg, "error", what, str, "a string or null")[:MAX_ERROR_LINE]
         return cls(code, error)

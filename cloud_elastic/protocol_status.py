@@ -43,6 +43,8 @@ class HostStatus:
     #: The host source (group) it came from, in a job with several; its price per slot-hour where known.
     source: str = ""
     price: float | None = None
+    #: Workers of this host left out of ``workers`` by the reply's cap on worker rows (``workers_omitted``).
+    workers_unlisted: int = 0
 
 
 @dataclass(frozen=True)
@@ -104,6 +106,11 @@ class StatusReply:
     cost_fallback_only: float | None = None
     #: Slot-hours of hosts with no known price: not in ``cost``, never counted as free.
     cost_unpriced_slot_hours: float | None = None
+    #: Slot-hours the job has paid for (the unpriced ones included), and of them those of free slots on hosts of a
+    #: fallback group the job raised (``--manage-capacity``), which ``cost`` charges too; a crashed predecessor's
+    #: included, as in ``cost``.
+    cost_slot_hours: float | None = None
+    cost_idle_slot_hours: float | None = None
     #: Fallback slots the job wants now (several host sources).
     fallback_slots: int = 0
     #: ``--spares``: workers waiting outside the rounds now, and how many the job keeps.
@@ -130,7 +137,8 @@ class StatusReply:
                                  None if w.get("rank") is None else int(w["rank"]),
                                  None if w.get("compute_s") is None else float(w["compute_s"]),
                                  None if w.get("comm_share") is None else float(w["comm_share"]))
-                    for w in h.get("workers", ())), str(h.get("source", "")), _number(h.get("price")))
+                    for w in h.get("workers", ())), str(h.get("source", "")), _number(h.get("price")),
+                    int(h.get("workers_unlisted", 0)))
                 for h in data.get("hosts", ()))
             blacklisted = tuple(
                 BlacklistedSlot(str(b["host"]), None if b.get("slot") is None else int(b["slot"]),
@@ -154,6 +162,8 @@ class StatusReply:
                 cost_per_step=_number(data.get("cost_per_step")),
                 cost_fallback_only=_number(data.get("cost_fallback_only")),
                 cost_unpriced_slot_hours=_number(data.get("cost_unpriced_slot_hours")),
+                cost_slot_hours=_number(data.get("cost_slot_hours")),
+                cost_idle_slot_hours=_number(data.get("cost_idle_slot_hours")),
                 fallback_slots=int(data.get("fallback_slots", 0)),
                 spares=int(data.get("spares", 0)), spares_wanted=int(data.get("spares_wanted", 0)),
                 **{f"{name}_omitted": int(data.get(f"{name}_omitted", 0))

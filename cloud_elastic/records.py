@@ -61,6 +61,8 @@ __all__ = [
     "prune_gone",
     "read_record",
     "remove_driver_record",
+    "note_ended",
+    "ended_line",
     "runtime_root",
     "write_driver_record",
 ]
@@ -145,12 +147,15 @@ def write_driver_record(job_id: str, address: str, secret: str, *, pid: int | No
     return directory
 
 
-def remove_driver_record(job_id: str, root: Path | None = None) -> None:
+def remove_driver_record(job_id: str, root: Path | None = None, ended: str | None = None) -> None:
     """Remove a job's record (the driver calls this when it ends). Missing files are fine.
 
     The output kept by local workers that no driver adopted (they outlived ``--driver-grace``) goes too, with
-    one warning naming them: no driver will relay it any more, and the job's directory is removed with it."""
+    one warning naming them: no driver will relay it any more, and the job's directory is removed with it.
+    ``ended``: how the job ended (``succeeded: ...``), kept for ``cloud-elastic status JOB`` (:func:`note_ended`)."""
     directory = job_dir(job_id, root)
+    if ended:
+        note_ended(job_id, ended, root)
     _remove_kept_output(job_id, directory)
     for name in ("driver.json", "secret"):
         try:
@@ -161,6 +166,36 @@ def remove_driver_record(job_id: str, root: Path | None = None) -> None:
         directory.rmdir()
     except OSError:
         pass
+
+
+#: Where the line of how each job ended is kept (:func:`note_ended`), in the records' root; and how many at most.
+_ENDED = ".ended"
+MAX_ENDED = 64
+
+
+def note_ended(job_id: str, how: str, root: Path | None = None) -> None:
+    """Keep one line of how ``job_id`` ended for :data:`PRUNE_AFTER_S`, the newest :data:`MAX_ENDED` of them:
+    ``status JOB`` just after a job ended said "no job JOB on this machine", read as "it never existed" (review
+    s63 rvU finding 8). Best effort: a failure to write it is logged, never raised."""
+    directory = (root or runtime_root()) / _ENDED
+    try:
+        _private_dir(directory)
+        _write_private(directory / job_dir(job_id, directory).name, json.dumps({"at": time.time(), "how": how[:400]}))
+        kept = sorted(((p.stat().st_mtime, p) for p in directory.iterdir()), reverse=True)
+        for at, path in kept[MAX_ENDED:] + [(at, p) for at, p in kept if time.time() - at > PRUNE_AFTER_S]:
+            path.unlink(missing_ok=True)
+    except (OSError, ConfigError) as exc:
+        log.debug("could not keep how job %s ended: %s", job_id, exc)
+
+
+def ended_line(job_id: str, root: Path | None = None) -> str | None:
+    """How ``job_id`` ended and how long ago, as :func:`note_ended` kept it; None when nothing is kept."""
+    try:
+        kept = json.loads(((root or runtime_root()) / _ENDED / job_id).read_text(encoding="utf-8"))
+        ago, how = time.time() - float(kept["at"]), str(kept["how"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return f"job {job_id} is not running: it ended {max(0.0, ago):.0f}s ago ({how})"
 
 
 def _remove_kept_output(job_id: str, directory: Path) -> None:
@@ -270,7 +305,8 @@ def read_record(directory: Path) -> JobRecord:
                          last_seen, _recorded_grace(directory, raw.get("grace_s")),
                          raw["cwd"] if isinstance(raw.get("cwd"), str) else None)
     except FileNotFoundError:
-        raise ConfigError(f"no job {directory.name} on this machine (see 'cloud-elastic status')") from None
+        ended = ended_line(directory.name, directory.parent) if directory.name != _ENDED else None
+        raise ConfigError(ended or f"no job {directory.name} on this machine (see 'cloud-elastic status')") from None
     except PermissionError:
         raise ConfigError(f"cannot read {path}: permission denied (the job belongs to another user)") from None
     except (OSError, ValueError, KeyError, TypeError) as exc:

@@ -123,6 +123,10 @@ def _cost_line(reply: StatusReply) -> str:
         line += f", {format_dollars(reply.cost_per_step)} per commit"  # commits (commit_step), not optimizer steps
     if reply.cost_unpriced_slot_hours:
         line += f" ({reply.cost_unpriced_slot_hours:.3g} slot-hour(s) with no known price not in it)"
+    if reply.cost_idle_slot_hours:
+        of = "" if reply.cost_slot_hours is None else f" of its {reply.cost_slot_hours:.3g}"
+        line += (f"; {reply.cost_idle_slot_hours:.3g}{of} slot-hour(s) on hosts of a fallback group the job raised "
+                 "that ran no worker there")
     if reply.cost_fallback_only is not None:
         line += f"; on the fallback alone: {format_dollars(reply.cost_fallback_only)}"
     if reply.fallback_slots:
@@ -193,7 +197,10 @@ def render_status(reply: StatusReply, *, now: float | None = None) -> str:
             f"[{w.slot}] " + (f"rank {w.rank} " if w.rank is not None else "") + w.state
             + (f" {w.compute_s * 1e3:.1f} ms/step" if w.compute_s is not None else "")
             + (f" {w.comm_share * 100:.0f}% comm" if w.comm_share is not None else "") for w in host.workers
-        ) or "-"
+        )
+        if host.workers_unlisted:
+            workers += ("; " if workers else "") + f"{host.workers_unlisted} worker(s) not listed"
+        workers = workers or "-"
         where = (host.source or "-", "-" if host.price is None else f"{host.price:.4g}") if sourced else ()
         rows.append((host.host, str(host.slots), host.state, *where, workers))
     columns = len(rows[0]) - 1

@@ -4,7 +4,7 @@ A running driver keeps ``driver-alive.json`` next to ``job.json`` fresh::
 
     {"format": "cloud-elastic-checkpoint", "job_id": "5f3a9c1e", "alive": 1795444453.5,
      "grace_s": 60.0, "host": "driver-vm", "pid": 4242, "stopped": false, "raised": {"gpu-od": 2},
-     "cost": {"dollars": 12.5, "slot_hours": 9.75, "unpriced_slot_hours": 0.0,
+     "cost": {"dollars": 12.5, "slot_hours": 9.75, "unpriced_slot_hours": 0.0, "idle_slot_hours": 1.5,
               "by_source": {"gpu-spot": 3.1, "gpu-od": 9.4}}, "instance": "9f2c61d0a4b7e853"}
 
 ``alive`` is the Unix time of the latest refresh on the driver's clock (a
@@ -38,10 +38,11 @@ import os
 import socket
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable
 
 from cloud_elastic.checkpoint.api import FORMAT, CheckpointError
+from cloud_elastic.checkpoint.safety import one_line
 from cloud_elastic.checkpoint.store import CheckpointStore, read_record
 from cloud_elastic.config import MAX_DRIVER_GRACE_S
 from cloud_elastic.cost import CostSoFar
@@ -89,6 +90,9 @@ class DriverAlive:
     cost: CostSoFar | None = None
     #: The process that wrote it among those with its host name and pid (:data:`THIS_INSTANCE`; "": not said).
     instance: str = field(default_factory=lambda: THIS_INSTANCE)
+    #: The parts of the entry refused when it was read, each ("raised" or "cost", one line: the file and what was
+    #: wrong), read as absent; never written (:func:`read_entry`).
+    refused: tuple[tuple[str, str], ...] = field(default=(), compare=False)
 
     def is_this_process(self) -> bool:
         """Written by this process: the same host and pid, and the same instance where the entry names one (a
@@ -110,7 +114,8 @@ def entry_bytes(store: CheckpointStore, path: str, entry: DriverAlive, **more: A
     """``entry`` (and ``more``) as the JSON stored at ``path``; CheckpointError when a number is not finite."""
     try:
         cost = None if entry.cost is None else {**asdict(entry.cost), "by_source": dict(entry.cost.by_source)}
-        return json.dumps({"format": FORMAT, **asdict(entry), "raised": dict(entry.raised), "cost": cost, **more},
+        fields = {k: v for k, v in asdict(entry).items() if k != "refused"}
+        return json.dumps({"format": FORMAT, **fields, "raised": dict(entry.raised), "cost": cost, **more},
                           sort_keys=True, allow_nan=False).encode()
     except ValueError as exc:
         raise CheckpointError(f"not writing {store.backend.url(path)}: {exc}") from exc
@@ -122,8 +127,9 @@ def read_driver_alive(store: CheckpointStore, *, now: float | None = None) -> Dr
     The storage is not trusted with numbers a restarted driver waits on: ``grace_s`` must be finite
     and within [0, :data:`MAX_GRACE_S`], ``alive`` finite and at most :data:`MAX_CLOCK_AHEAD_S`
     ahead of ``now`` (this machine's clock by default). An entry outside them is refused as
-    unreadable, so NaN, Infinity or 1e12 never reach a wait (where they overflowed or disabled it);
-    so is one whose ``raised`` or ``cost`` is out of bounds (:func:`_raised`, :func:`_cost`).
+    unreadable, so NaN, Infinity or 1e12 never reach a wait (where they overflowed or disabled it).
+    A ``raised`` or ``cost`` out of bounds (:func:`_raised`, :func:`_cost`) is refused alone, and said in
+    :attr:`DriverAlive.refused`: the rest of the entry (the wait, the other part) still holds.
     """
     return read_entry(store, ALIVE_RECORD, "driver entry", now=now)
 
@@ -132,6 +138,7 @@ def read_entry(store: CheckpointStore, path: str, kind: str, *, now: float | Non
     """The :class:`DriverAlive` stored at ``path`` (a sign of life, or a driver's claim: :mod:`.claims`), checked as
     :func:`read_driver_alive` says; None when there is none."""
     now = time.time() if now is None else now
+    url = store.backend.url(path)
 
     def parse(body: dict[str, Any]) -> DriverAlive:
         alive, grace_s = float(body["alive"]), float(body["grace_s"])
@@ -140,11 +147,20 @@ def read_entry(store: CheckpointStore, path: str, kind: str, *, now: float | Non
         if not (math.isfinite(alive) and 0.0 <= alive <= now + MAX_CLOCK_AHEAD_S):
             raise ValueError(f"alive {alive:g} is not a Unix time up to {MAX_CLOCK_AHEAD_S:g}s ahead of this "
                              "machine's clock")
-        return DriverAlive(str(body["job_id"]), alive, grace_s, str(body["host"]),
-                           int(body["pid"]), bool(body.get("stopped", False)), _raised(body.get("raised") or {}),
-                           _cost(body.get("cost")), _instance(body.get("instance")))
+        entry = DriverAlive(str(body["job_id"]), alive, grace_s, str(body["host"]), int(body["pid"]),
+                            bool(body.get("stopped", False)), instance=_instance(body.get("instance")))
+        # Each part alone: a cost a bug or a forger put out of bounds must not lose the groups a successor lowers
+        # (paid for), nor the reverse.
+        raised, bad = _raised(body.get("raised") or {})
+        refused = [("raised", f"{url}: {bad}")] if bad else []
+        try:
+            cost = _cost(body.get("cost"))
+        except (ValueError, TypeError, OverflowError, RecursionError) as exc:
+            cost = None
+            refused.append(("cost", f"{url}: {one_line(exc)}"))
+        return replace(entry, raised=raised, cost=cost, refused=tuple(refused))
 
-    return read_record(store, path, store.backend.url(path), kind, parse)
+    return read_record(store, path, url, kind, parse)
 
 
 def _instance(raw: Any) -> str:
@@ -156,35 +172,46 @@ def _instance(raw: Any) -> str:
     return raw
 
 
-def _raised(raw: Any) -> tuple[tuple[str, int], ...]:
-    """An entry's ``raised``, checked: at most :data:`MAX_RAISED` names, each capacity an integer in
-    [1, :data:`MAX_RAISED_HOSTS`] (ValueError otherwise: the entry is then unreadable, as for its other fields)."""
+def _raised(raw: Any) -> tuple[tuple[tuple[str, int], ...], str]:
+    """An entry's ``raised``, checked, and what of it was refused ("": nothing). Not a mapping of at most
+    :data:`MAX_RAISED` names: all of it (which groups were raised is not known); else each group whose name is
+    over 256 characters or whose capacity is not an integer in [1, :data:`MAX_RAISED_HOSTS`], the others kept."""
     if not isinstance(raw, dict) or len(raw) > MAX_RAISED:
-        raise ValueError(f"raised is not a mapping of at most {MAX_RAISED} host sources to capacities")
-    for name, hosts in raw.items():
-        if not isinstance(hosts, int) or isinstance(hosts, bool) or not 1 <= hosts <= MAX_RAISED_HOSTS \
-                or len(name) > 256:
-            raise ValueError(f"raised gives host source {name[:80]!r} the capacity {hosts!r}, not an integer in "
-                             f"[1, {MAX_RAISED_HOSTS}]")
-    return tuple(sorted((str(name), int(hosts)) for name, hosts in raw.items()))
+        return (), f"raised is not a mapping of at most {MAX_RAISED} host sources to capacities"
+
+    def good(name: str, hosts: Any) -> bool:
+        return isinstance(hosts, int) and not isinstance(hosts, bool) and 1 <= hosts <= MAX_RAISED_HOSTS \
+            and len(name) <= 256
+    bad = [f"{name[:80]!r} the capacity {hosts!r:.80}" if len(name) <= 256 else f"{name[:80]!r}... a name of "
+           f"{len(name)} characters" for name, hosts in raw.items() if not good(name, hosts)]
+    more = f" (and {len(bad) - 3} more)" if len(bad) > 3 else ""
+    return tuple(sorted((name, hosts) for name, hosts in raw.items() if good(name, hosts))), (
+        f"raised gives host source {', '.join(bad[:3])}{more}: a capacity is an integer in [1, {MAX_RAISED_HOSTS}], "
+        "a name at most 256 characters" if bad else "")
 
 
 def _cost(raw: Any) -> CostSoFar | None:
-    """An entry's ``cost``, checked: each figure (``dollars``, ``slot_hours``, ``unpriced_slot_hours``, and each
-    source's dollars in ``by_source``) a finite number in [0, :data:`MAX_COST`], ``by_source`` at most
-    :data:`MAX_RAISED` names of at most 256 characters (ValueError otherwise: the entry is then unreadable, as
-    for a bad ``raised``). None when there is none."""
+    """An entry's ``cost``, checked: each figure (``dollars``, ``slot_hours``, ``unpriced_slot_hours``,
+    ``idle_slot_hours``, and each source's dollars in ``by_source``) a finite number in [0, :data:`MAX_COST`],
+    ``idle_slot_hours`` at most ``slot_hours`` (they are a part of them), ``by_source`` at most
+    :data:`MAX_RAISED` names of at most 256 characters (ValueError otherwise: the part is then refused).
+    ``idle_slot_hours`` absent (an entry of a driver from before it was kept): 0. None when there is none."""
     if raw is None:
         return None
     by_source = raw.get("by_source") if isinstance(raw, dict) else None
     if not isinstance(by_source, dict) or len(by_source) > MAX_RAISED or any(len(n) > 256 for n in by_source):
         raise ValueError(f"cost is not a mapping of figures with at most {MAX_RAISED} sources' dollars")
     figures = {name: raw.get(name) for name in ("dollars", "slot_hours", "unpriced_slot_hours")}
+    figures["idle_slot_hours"] = raw.get("idle_slot_hours", 0.0)
     for name, value in [*figures.items(), *((f"dollars of {n[:80]!r}", v) for n, v in by_source.items())]:
         if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0.0 <= value <= MAX_COST:
             raise ValueError(f"cost gives {name} {value!r:.80}, not a number in [0, {MAX_COST:g}]")
-    return CostSoFar(*(float(v) for v in figures.values()),
-                     by_source=tuple(sorted((str(n), float(v)) for n, v in by_source.items())))
+    if figures["idle_slot_hours"] > figures["slot_hours"]:
+        raise ValueError(f"cost gives idle_slot_hours {figures['idle_slot_hours']:g}, more than its slot_hours "
+                         f"{figures['slot_hours']:g}")
+    dollars, slot_hours, unpriced, idle = (float(v) for v in figures.values())
+    return CostSoFar(dollars, slot_hours, unpriced, tuple(sorted((str(n), float(v)) for n, v in by_source.items())),
+                     idle)
 
 
 class AliveRefresher:

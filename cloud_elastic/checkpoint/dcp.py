@@ -550,7 +550,7 @@ def decode_metadata(body: Any) -> Any:
         at, length = _ints([entry["at"], entry["length"]])
         storage[key] = _StorageInfo(name, at, length)
         regions.append(Region(key.fqn, offset, name, at, length))
-    check_layout(tensors, regions)  # before a load allocates any tensor at the size claimed here
+    check_layout(tensors, regions, others=items.keys() - tensors.keys())  # before a load allocates by a claim here
     version = body.get("dcp_version")
     return Metadata(state_dict_metadata=items, storage_data=storage, version=None if version is None else str(version))
 

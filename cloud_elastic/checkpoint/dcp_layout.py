@@ -8,6 +8,9 @@ metadata file that claims any size must not be believed: :func:`check_layout` re
 * each tensor's chunks lie inside it, do not overlap and cover it exactly (so their sizes add up to the tensor's);
 * each chunk with elements has a storage entry, at least as long as the chunk's bytes (an entry is the chunk's
   ``torch.save`` archive, which holds them uncompressed: ``safety.check_archive``);
+* each non-tensor item has a storage entry (its value's archive): DCP writes one for each, so an item without one
+  was added to the file after DCP wrote it, and must not pass for an item of another model (which would stop the
+  job as a checkpoint that does not fit, where this one is only unusable and the previous one may be fine);
 * the storage entries of one file do not overlap.
 
 Then the bytes a load allocates for a tensor are at most the bytes the shard files hold, which
@@ -24,7 +27,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Iterable, Mapping, Sequence
 
 __all__ = ["MAX_DIMS", "MAX_NAME", "MAX_NAME_PARTS", "SWEEP_BUDGET", "Region", "Tensor", "check_layout",
            "check_name"]
@@ -65,10 +68,14 @@ MAX_NAME_PARTS = 256
 SWEEP_BUDGET = 4_000_000
 
 
-def check_layout(tensors: Mapping[str, Tensor], regions: Sequence[Region], budget: int = SWEEP_BUDGET) -> None:
+def check_layout(tensors: Mapping[str, Tensor], regions: Sequence[Region], budget: int = SWEEP_BUDGET,
+                 others: Iterable[str] = ()) -> None:
     """ValueError, in one line, unless the claims hold (see the module docstring); ``budget``: the sweep's, for the
-    whole file."""
+    whole file; ``others``: the names of the non-tensor items."""
     entries = {(r.fqn, r.offset): r for r in regions}
+    for fqn in others:
+        if (fqn, None) not in entries:
+            raise ValueError(f"item {_name(fqn)}: a non-tensor item without a storage entry, which DCP never writes")
     left = [budget]
     for fqn, tensor in tensors.items():
         if tensor.itemsize <= 0:

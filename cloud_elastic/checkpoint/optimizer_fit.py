@@ -39,9 +39,15 @@ optimizers:
 The class's name decides nothing: a subclass, a renamed copy, or Adam for AdamW resume (with the checkpoint's
 hyperparameters: an AdamW built with ``weight_decay=0.05`` resuming Adam's checkpoint runs with its 0, which is
 logged), and another optimizer that shares the name is refused only when its groups lack a key. The name a
-checkpoint records (:func:`optimizer_class`) only names the writer in the message. Per-parameter state is not
-compared: a fresh optimizer has none until its first step, so what the live class needs cannot be told cheaply, and
-a saved group's flag (Adam's ``amsgrad``) rightly changes which state the step reads.
+checkpoint records (:func:`optimizer_class`) only names the writer in the message. Which per-parameter state the live
+class needs is not checked: a fresh optimizer has none until its first step, so it cannot be told cheaply, and a saved
+group's flag (Adam's ``amsgrad``) rightly changes which state the step reads. What the saved state holds is compared
+with the parameters it is loaded for (:func:`check_state`, review s63 rvX F3): torch's ``load_state_dict`` checks
+neither shapes nor dtypes, so a state of another shape loaded and the first step failed at every resume, and it casts
+every state tensor to its parameter's dtype (a bool state becomes float64, 8 times its bytes). A state that does not
+fit is refused as another optimizer's is (a clear stop naming it), not skipped for an older checkpoint: the store
+that picks the checkpoint does not know the script's parameters, and a script that gives its optimizer the
+parameters in another order fails the same way with every checkpoint it wrote.
 """
 
 from __future__ import annotations
@@ -57,8 +63,8 @@ import torch
 
 from cloud_elastic.checkpoint.api import CheckpointMismatch
 
-__all__ = ["OPTIMIZER_CLASS", "OPTIMIZER_CLASSES", "OptimizerMismatch", "check_optimizer", "check_optimizers",
-           "lacking", "optimizer_class", "optimizer_classes"]
+__all__ = ["OPTIMIZER_CLASS", "OPTIMIZER_CLASSES", "OptimizerMismatch", "OptimizerStateMismatch", "check_optimizer",
+           "check_optimizers", "check_state", "lacking", "optimizer_class", "optimizer_classes"]
 
 log = logging.getLogger(__name__)
 
@@ -124,15 +130,21 @@ def _read_by_torch(cls: type) -> frozenset[str]:
     """The hyperparameters (``__init__``'s keyword names) of the torch optimizers among ``cls``'s bases that their
     step reads from each group by key (not those of :data:`_NOT_READ`); none where the check cannot tell what a
     load does (a delegating wrapper, a class with its own ``load_state_dict``: see the module's docstring)."""
-    if any(name in vars(c) for c in cls.__mro__ for name in _DELEGATED):
-        return frozenset()
-    loader = next((c for c in cls.__mro__ if "load_state_dict" in vars(c)), None)
-    if loader is None or not _of_torch(loader):
+    if not _loads_as_torch(cls):
         return frozenset()
     return frozenset(name for c in cls.__mro__ if _of_torch(c) and c is not torch.optim.Optimizer
                      for name, p in inspect.signature(c.__init__).parameters.items()
                      if name not in ("self", "params") and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
                      and name not in _NOT_READ.get(c.__name__, ()))
+
+
+def _loads_as_torch(cls: type) -> bool:
+    """Whether ``cls`` loads a state dict with torch's ``Optimizer.load_state_dict`` (not a delegating wrapper's, nor
+    a class's own)."""
+    if any(name in vars(c) for c in cls.__mro__ for name in _DELEGATED):
+        return False
+    loader = next((c for c in cls.__mro__ if "load_state_dict" in vars(c)), None)
+    return loader is not None and _of_torch(loader)
 
 
 def _read_first(cls: type) -> frozenset[str]:
@@ -224,3 +236,88 @@ def _named(optimizer: torch.optim.Optimizer, saved: Any) -> str:
         return name
     own = next((c for c in type(optimizer).__mro__ if not c.__module__.startswith("cloud_elastic.")), type(optimizer))
     return f"this {name} ({own.__module__}.{own.__qualname__})"
+
+
+class OptimizerStateMismatch(OptimizerMismatch):
+    """A checkpoint's per-parameter optimizer state does not fit the live optimizer's parameters."""
+
+    remedy = ("resume with the model and optimizer that wrote it, their parameters given in the same order (a "
+              "checkpoint altered since it was written fails the same way: move it aside to resume from the one "
+              "before)")
+
+
+#: The per-parameter state torch's optimizers keep in the shape of the parameter (their steps add it to the
+#: parameter), by key; ``step`` and the like hold one number (their steps take ``.item()`` of it). Others (LBFGS's
+#: history, Adafactor's row and column factors) are not compared.
+_LIKE_PARAM = frozenset({"exp_avg", "exp_avg_sq", "max_exp_avg_sq", "exp_inf", "momentum_buffer", "square_avg",
+                         "acc_delta", "grad_avg", "sum", "prev", "step_size", "ax", "variance"})
+_ONE_NUMBER = frozenset({"step", "eta", "mu", "mu_product"})
+
+
+def check_state(name: str, optimizer: torch.optim.Optimizer, groups: Any, state: Any, factor: int, slack: int) -> None:
+    """OptimizerStateMismatch, before anything is loaded, when the saved per-parameter ``state`` (by the ids in the
+    saved param ``groups``, matched to ``optimizer``'s parameters in order, as torch's ``load_state_dict`` matches
+    them) does not fit: where ``optimizer`` is one of torch's (or subclasses one, with torch's ``load_state_dict``),
+    a state of :data:`_LIKE_PARAM` that is not a tensor of its parameter's shape, or one of :data:`_ONE_NUMBER`
+    that is not one number (the first step would fail, at every resume); and for any optimizer that loads with
+    torch's ``load_state_dict``, state that its cast to each parameter's dtype (a bool or int8 state made float64
+    is 8 times its bytes; each reference to one tensor cast on its own) would make bigger than ``factor`` times the
+    parameters' bytes plus ``slack``. Groups and state of another form are left to the load itself."""
+    if not _loads_as_torch(type(optimizer)) or not isinstance(groups, list) or not isinstance(state, Mapping):
+        return
+    live = [g.get("params") for g in optimizer.param_groups]
+    saved = [g.get("params") if isinstance(g, Mapping) else None for g in groups]
+    if len(saved) != len(live) or not all(isinstance(s, list) and len(s) == len(p) for s, p in zip(saved, live)):
+        return  # torch refuses it by itself ("a different number of parameter groups"): another model
+    by_id = {}
+    for index, (ids, params, group) in enumerate(zip(saved, live, groups)):
+        for position, (key, param) in enumerate(zip(ids, params)):
+            if isinstance(key, (int, str)) and key in state:
+                by_id[key] = (param, f"parameter {position} of group {index}",
+                              bool(group.get("fused") or group.get("capturable")))
+    shaped = any(_of_torch(c) and c is not torch.optim.Optimizer for c in type(optimizer).__mro__)
+    budget = factor * sum(p.numel() * p.element_size() for p, _, _ in by_id.values()) + slack
+    cast = 0
+    for key, (param, where, step_cast) in by_id.items():
+        if shaped:
+            _check_shapes(name, param, where, state[key])
+        cast += _cast_bytes(param, state[key], step_cast, {})
+        if cast > budget:
+            raise OptimizerStateMismatch(f"{name}: its saved state would take more than {budget:,} bytes once cast "
+                                         f"to its parameters' dtypes (at {where}), {factor} times their size")
+
+
+def _check_shapes(name: str, param: torch.Tensor, where: str, saved: Any) -> None:
+    """OptimizerStateMismatch when the saved state of ``param`` (at ``where``) holds one of :data:`_LIKE_PARAM` that
+    is not a tensor of its shape (None passes: SGD's buffer before momentum), or one of :data:`_ONE_NUMBER` that is
+    not one number."""
+    if not isinstance(saved, Mapping):
+        return
+    for key, value in saved.items():
+        if key in _LIKE_PARAM and value is not None and not (
+                isinstance(value, torch.Tensor) and value.shape == param.shape):
+            held = f"a tensor of shape {list(value.shape)[:8]}" if isinstance(value, torch.Tensor) else \
+                f"a {type(value).__name__}"
+            first = f"{name}: the saved {key!r} of {where} is {held}, its parameter's shape is {list(param.shape)[:8]}"
+        elif key in _ONE_NUMBER and isinstance(value, torch.Tensor) and value.numel() != 1:
+            first = f"{name}: the saved {key!r} of {where} holds {value.numel():,} numbers, not one"
+        else:
+            continue
+        raise OptimizerStateMismatch(first if len(first) <= 240 else first[:237] + "...")
+
+
+def _cast_bytes(param: torch.Tensor, value: Any, step_cast: bool, known: dict[int, int], key: Any = None) -> int:
+    """The bytes torch's ``load_state_dict`` allocates to cast ``value``, saved state of ``param``, as its ``_cast``
+    does: each tensor (each reference on its own) to ``param``'s dtype where that is floating (``step``: to float32
+    where the group is fused or capturable, else kept), through dicts and other iterables. Nesting is bounded by the
+    load's own check (``safety.check_loaded``)."""
+    if isinstance(value, torch.Tensor):
+        dtype = (torch.float32 if step_cast else None) if key == "step" else \
+            (param.dtype if param.is_floating_point() else None)
+        return 0 if dtype is None or value.dtype == dtype else value.numel() * dtype.itemsize
+    if not isinstance(value, (dict, list, tuple, set)):
+        return 0
+    if id(value) not in known:  # a container referenced over and over is cast each time, priced once
+        items = value.items() if isinstance(value, dict) else ((None, v) for v in value)
+        known[id(value)] = sum(_cast_bytes(param, v, step_cast, known, k) for k, v in items)
+    return known[id(value)]

@@ -34,8 +34,9 @@ import torch
 from cloud_elastic import plain_numpy
 from cloud_elastic.checkpoint.api import (FORMAT_VERSION, FROZENSET_FORMAT_VERSION, CheckpointError, CheckpointMismatch,
                                           StateDictMismatch)
-from cloud_elastic.checkpoint.optimizer_fit import (OPTIMIZER_CLASS, OPTIMIZER_CLASSES, check_optimizer,
+from cloud_elastic.checkpoint.optimizer_fit import (OPTIMIZER_CLASS, OPTIMIZER_CLASSES, check_optimizer, check_state,
                                                     optimizer_class)
+from cloud_elastic.checkpoint.safety import COPY_FACTOR, COPY_SLACK, MAX_NESTING, key_text
 
 __all__ = ["OPTIMIZER_CLASS", "OPTIMIZER_CLASSES", "SavedByStateDict", "check_payload", "mismatch_of",
            "optimizer_class", "stage_payload", "state_payload", "load_state_payload"]
@@ -59,7 +60,7 @@ _BY_STATE_DICT = _kept_by_state_dict()
 def check_payload(payload: Any) -> int:
     """Raise CheckpointError naming the first value ``torch.load(weights_only=True)`` could not read; else the
     manifest format version the payload needs (``checkpoint.api``): newer only where it holds a frozenset."""
-    _walk(payload, None, "payload", copy=False)
+    _walk(payload, None, "payload", 1, copy=False)
     return FROZENSET_FORMAT_VERSION if plain_numpy.holds(payload, "frozenset") else FORMAT_VERSION
 
 
@@ -72,11 +73,16 @@ def stage_payload(payload: Any, previous: Any = None) -> Any:
     allocated only for what changed. Raises CheckpointError like
     :func:`check_payload`.
     """
-    return _walk(payload, previous, "payload", copy=True)
+    return _walk(payload, previous, "payload", 1, copy=True)
 
 
-def _walk(value: Any, old: Any, where: str, *, copy: bool) -> Any:
+def _walk(value: Any, old: Any, where: str, depth: int, *, copy: bool) -> Any:
+    """``value`` checked (and copied with ``copy``), the container ``depth`` levels down, at ``where``: containers
+    nested more than :data:`MAX_NESTING` deep are refused, as a load refuses them (``safety.check_loaded``)."""
     kind = type(value)
+    if depth > MAX_NESTING and kind in (*_DICTS, list, tuple, set):
+        raise CheckpointError(f"cannot checkpoint the {kind.__name__} at {where}: containers nested more than "
+                              f"{MAX_NESTING} deep, which a load refuses")
     if isinstance(value, torch.Tensor):
         if kind not in (torch.Tensor, torch.nn.Parameter):
             raise _refuse(value, where)
@@ -88,34 +94,42 @@ def _walk(value: Any, old: Any, where: str, *, copy: bool) -> Any:
     if kind in _DICTS:
         out = kind() if copy else None
         for key, item in value.items():
-            _check_key(key, f"{where} key")
-            staged = _walk(item, old.get(key) if isinstance(old, dict) else None, f"{where}[{key!r}]", copy=copy)
+            _check_key(key, f"{where} key", depth + 1)
+            staged = _walk(item, old.get(key) if isinstance(old, dict) else None, _at(where, key_text(key)), depth + 1,
+                           copy=copy)
             if copy:
                 out[key] = staged
         metadata = getattr(value, "_metadata", None)  # module state dicts carry versions for load_state_dict
         if metadata is not None:
-            _walk(metadata, None, f"{where}._metadata", copy=False)
+            _walk(metadata, None, _at(where, "._metadata"), depth + 1, copy=False)
             if copy:
                 out._metadata = _plain_copy(metadata)
         return out
     if kind in (list, tuple):
         olds = old if type(old) is kind and len(old) == len(value) else [None] * len(value)
-        items = [_walk(v, o, f"{where}[{i}]", copy=copy) for i, (v, o) in enumerate(zip(value, olds))]
+        items = [_walk(v, o, _at(where, f"[{i}]"), depth + 1, copy=copy)
+                 for i, (v, o) in enumerate(zip(value, olds))]
         return kind(items) if copy else None
     if kind is set:
         for item in value:
-            _check_key(item, f"{where} element")
+            _check_key(item, f"{where} element", depth + 1)
         return set(value) if copy else None
     raise _refuse(value, where)
 
 
-def _check_key(key: Any, where: str) -> None:
+def _check_key(key: Any, where: str, depth: int) -> None:
     """A dict key or set element: a plain leaf, or a tuple of plain data (a numpy number as
     ``plain_numpy.pack`` writes it, whose tensor is its own copy: kept as it is)."""
     if type(key) is tuple:
-        _walk(key, None, where, copy=False)
+        _walk(key, None, where, depth, copy=False)
     elif type(key) not in _LEAVES:
         raise _refuse(key, where)
+
+
+def _at(where: str, part: str) -> str:
+    """``where`` one level down: bounded, for a key may be the size of the payload, at every level (the path of a
+    payload nested 257 deep under a key of 256 KB took 24 GB)."""
+    return where + part if len(where) <= 200 else where if where.endswith("…") else where + "…"
 
 
 def _copy_tensor(value: torch.Tensor, old: Any) -> torch.Tensor:
@@ -212,8 +226,9 @@ def load_state_payload(state: Any, payload: Any, skip: frozenset[str] = frozense
     ``skip`` are not in the payload: a sharded checkpoint's loader has loaded them already).
 
     The names must match the state's public attributes both ways; a mismatch, or an optimizer's saved param
-    groups that lack what its step reads (``optimizer_fit.check_optimizer``: an OptimizerMismatch), raises
-    CheckpointMismatch before anything is changed; one that does not fit
+    groups that lack what its step reads (``optimizer_fit.check_optimizer``: an OptimizerMismatch) or whose saved
+    state does not fit its parameters (``optimizer_fit.check_state``: another shape, a cast past the copy bound),
+    raises CheckpointMismatch before anything is changed; one that does not fit
     (shapes, optimizer groups) restores the state's last commit and raises
     CheckpointMismatch (naming the first mismatch); any other failure of a load (out of
     memory, I/O) restores it too and raises a plain CheckpointError: it is no sign of
@@ -235,6 +250,7 @@ def load_state_payload(state: Any, payload: Any, skip: frozenset[str] = frozense
         if isinstance(target, torch.optim.Optimizer) and isinstance(payload[name], dict):
             entry = payload[name]
             check_optimizer(name, target, entry.get("param_groups"), entry.get(OPTIMIZER_CLASS), entry.get("state"))
+            check_state(name, target, entry.get("param_groups"), entry.get("state"), COPY_FACTOR, COPY_SLACK)
     payload = _numpy_rebuilt(payload)
     try:
         for name, value in payload.items():

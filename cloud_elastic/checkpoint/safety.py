@@ -3,7 +3,8 @@
 ``Unusable`` is a checkpoint that is torn, corrupt or tampered with (an older one may be
 fine); :func:`safe_load` reads ``torch.save`` bytes with the weights-only unpickler and
 names what it refused without torch's advice to load it with ``weights_only=False``;
-:func:`check_archive` refuses, unloaded, an archive that would take more memory than its own size, and
+:func:`check_archive` refuses, unloaded, an archive that would take more memory than its own size (or a hash that
+never ends: ``torch_archive``), and
 :func:`check_loaded`, loaded, one whose copy would (a view repeating its storage's elements);
 :func:`storage_reason` finds a full disk wherever torch's wording hides it.
 """
@@ -18,13 +19,13 @@ import re
 from typing import IO, TYPE_CHECKING, Any, Callable
 
 from cloud_elastic.checkpoint.api import CheckpointError
-from cloud_elastic.torch_archive import stored_records
+from cloud_elastic.torch_archive import MAX_NESTING, stored_records
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["COPY_FACTOR", "COPY_SLACK", "MAX_NESTING", "Unusable", "causes", "check_archive", "check_loaded",
-           "one_line", "safe_load", "storage_reason", "stored_records"]
+__all__ = ["COPY_FACTOR", "COPY_SLACK", "MAX_NESTING", "TENSOR_COST", "Unusable", "causes", "check_archive",
+           "check_loaded", "key_text", "one_line", "safe_load", "storage_reason", "stored_records"]
 
 #: What a copy of a loaded value may cost: this many times the bytes it was loaded from, plus :data:`COPY_SLACK`.
 #: The commit snapshot after a load copies every reference to a tensor or a container on its own, so a value the
@@ -32,9 +33,10 @@ __all__ = ["COPY_FACTOR", "COPY_SLACK", "MAX_NESTING", "Unusable", "causes", "ch
 #: that repeats one stored element 2**40 times, one tensor or list referenced a million times) is refused.
 COPY_FACTOR = 8
 COPY_SLACK = 64 << 20
-#: How deep containers may nest in a loaded value: torch.save itself fails near 500, and the walks after a load
-#: (``plain_numpy.unpack``, the commit snapshot's copy) recurse.
-MAX_NESTING = 256
+#: What each reference to a tensor costs a copy besides its elements (a tensor object of its own: about 140 bytes
+#: of Python object and its TensorImpl): an empty tensor referenced a million times (2 to 5 bytes of pickle each)
+#: is a million tensors in the commit snapshot, not nothing.
+TENSOR_COST = 256
 
 
 @functools.cache
@@ -65,28 +67,37 @@ def safe_load(data: bytes, what: str) -> Any:
     except pickle.UnpicklingError as exc:
         raise Unusable(f"its {what} holds something other than tensors and plain data ({_refusal(str(exc))}): "
                         "torch.load(weights_only=True) refused it without running it") from None
-    except Exception as exc:  # RuntimeError for a bad archive
+    except Exception as exc:  # RuntimeError for a bad archive; MemoryError, RecursionError for a forged pickle
         raise Unusable(f"its {what} is not a readable torch.save archive: {one_line(exc, 160)}") from None
-    check_loaded(loaded, what, COPY_FACTOR * len(data) + COPY_SLACK)
+    try:
+        check_loaded(loaded, what, COPY_FACTOR * len(data) + COPY_SLACK)
+    except (MemoryError, RecursionError) as exc:  # of the check itself: the value it walks is no checkpoint's
+        loaded = None
+        raise Unusable(f"its {what} could not be checked once loaded ({type(exc).__name__}): corrupt or forged") \
+            from None
     return loaded
 
 
-def check_loaded(value: Any, what: str, budget: int) -> None:
-    """Unusable, in one line naming where, if ``value`` (what ``torch.load(weights_only=True)`` built: tensors in
-    dicts, lists, tuples and sets) holds a tensor with more elements than its storage holds (a view that repeats
-    them: stride 0, as ``expand`` makes), containers nested more than :data:`MAX_NESTING` deep or in a cycle, or
-    would take more than ``budget`` bytes to copy as the commit snapshot does (each reference to a tensor or a
-    container on its own). Views that share a storage (tied weights, slices) pass. Time in proportion to the
-    distinct objects, however often each is referenced."""
+def check_loaded(value: Any, what: str, budget: int, refused: Callable[[str], Exception] | None = None) -> None:
+    """Unusable, in one line naming where (or ``refused(why)``: a state sync's error), if ``value`` (what
+    ``torch.load(weights_only=True)`` built: tensors in dicts, lists, tuples and sets) holds a tensor with more
+    elements than its storage holds (a view that repeats them: stride 0, as ``expand`` makes), containers nested
+    more than :data:`MAX_NESTING` deep (a dict's keys counted as its values: the walks after a load recurse into
+    both) or in a cycle, or would take more than ``budget`` bytes to copy as the commit snapshot does (each
+    reference to a tensor, :data:`TENSOR_COST` besides its elements, or to a container on its own). Views that
+    share a storage (tied weights, slices) pass. Time in proportion to the distinct objects, however often each is
+    referenced; memory in proportion to them too, the refusal's path of keys included (each key cut to
+    :func:`key_text`'s before it is named)."""
     import torch
 
     known: dict[int, int] = {}  # id of a container whose copy's cost is known -> that cost
     walking: set[int] = set()  # ids of the containers on ``stack``
     stack: list[list[Any]] = []  # [container, its (key, item) pairs left, cost so far, key in its parent]
 
-    def refuse(why: str, key: Any) -> Unusable:
+    def refuse(why: str, key: Any) -> Exception:
         where = _where(stack, key)
-        return Unusable(f"its {what} {why}{f' (at {where})' if where else ''}: corrupt or forged")
+        why = f"{why}{f' (at {where})' if where else ''}: corrupt or forged"
+        return Unusable(f"its {what} {why}") if refused is None else refused(why)
 
     def visit(item: Any, key: Any) -> int | None:
         """The cost of copying ``item``; None when it is a container to walk (pushed on ``stack``)."""
@@ -101,7 +112,7 @@ def check_loaded(value: Any, what: str, budget: int) -> None:
         if len(stack) >= MAX_NESTING:
             raise refuse(f"nests containers more than {MAX_NESTING} deep", key)
         walking.add(id(item))
-        stack.append([item, iter(item.items()) if isinstance(item, dict) else enumerate(item), 64 + 8 * len(item), key])
+        stack.append([item, _pairs(item), 64 + 8 * len(item), key])
         return None
 
     too_big = f"would take more than {budget:,} bytes to copy, the same tensors or containers referenced over and over"
@@ -127,7 +138,7 @@ def check_loaded(value: Any, what: str, budget: int) -> None:
         raise refuse(too_big, None)
 
 
-def _tensor_cost(tensor: torch.Tensor, refuse: Callable[[str], Unusable]) -> int:
+def _tensor_cost(tensor: torch.Tensor, refuse: Callable[[str], Exception]) -> int:
     """The bytes a copy of ``tensor`` takes; ``refuse(why)`` raised when it has more elements than its storage
     holds, or a layout no checkpoint holds."""
     import torch
@@ -138,21 +149,54 @@ def _tensor_cost(tensor: torch.Tensor, refuse: Callable[[str], Unusable]) -> int
     if tensor.layout != torch.strided:
         raise refuse(f"holds a tensor of layout {tensor.layout}, which no checkpoint holds")
     try:
-        size, stored = tensor.numel() * tensor.element_size(), tensor.untyped_storage().nbytes()
+        per_byte = _PER_BYTE.get(str(tensor.dtype), 1)  # quint4x2 keeps 2 elements a byte, and says 1 byte each
+        size = -(-tensor.numel() * tensor.element_size() // per_byte)
+        stored = tensor.untyped_storage().nbytes()
     except (RuntimeError, NotImplementedError) as exc:  # a tensor without a storage of its own
         raise refuse(f"holds a tensor whose storage cannot be measured ({one_line(exc, 120)})") from None
     if size > stored:
         raise refuse(f"holds a tensor of shape {list(tensor.shape)[:8]} and strides {list(tensor.stride())[:8]}, "
                      f"{size:,} bytes of elements over {stored:,} bytes of storage (a view that repeats them)")
-    return size
+    return size + TENSOR_COST
+
+
+#: The dtypes that keep more than one element in a byte, by name: how many.
+_PER_BYTE = {"torch.quint4x2": 2, "torch.quint2x4": 4}
 
 
 def _where(stack: list[list[Any]], key: Any) -> str:
     """Where a walk of :func:`check_loaded` is, as a path of keys (``['optimizer']['param_groups'][0]``); "" at
     the top."""
     keys = [frame[3] for frame in stack[1:]] + ([key] if key is not None and stack else [])
-    path = "".join(f"[{k!r}]" if isinstance(k, (str, int)) else "[...]" for k in keys)
+    path = ""
+    for k in keys:  # up to 256 keys, each of which may be the whole file: each bounded before it is added
+        path += key_text(k)
+        if len(path) > 160:
+            break
     return one_line(path, 160) if path else ""
+
+
+def key_text(key: Any, limit: int = 40) -> str:
+    """``[key]`` as a path names a dict key or an index, in at most about ``limit`` characters whatever the key (a
+    forged one may be a string of a million characters, an integer of a million digits, a tuple nested deep):
+    ``[...]`` for a key that is neither a string nor a small integer."""
+    if isinstance(key, str):
+        text = repr(key[:limit])  # a character may take 10 in a repr ('\U0010ffff')
+        return f"[{text if len(text) <= limit and len(key) <= limit else text[:limit] + '…'}]"
+    if isinstance(key, int) and -10 ** limit < key < 10 ** limit:
+        return f"[{key!r}]"
+    return "[...]"
+
+
+def _pairs(container: Any) -> Any:
+    """The (key, item) pairs of ``container`` that :func:`check_loaded` walks: of a dict, each key (a tuple nested
+    deep is as deep as a value: the walks after a load recurse into keys too) before its value."""
+    if isinstance(container, dict):
+        for k, v in container.items():
+            yield k, k
+            yield k, v
+    else:
+        yield from enumerate(container)
 
 
 def check_archive(file: IO[bytes], offset: int, length: int, what: str) -> None:

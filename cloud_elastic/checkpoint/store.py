@@ -46,7 +46,7 @@ from cloud_elastic.checkpoint.backend import Backend, Digest, Oversize, backend_
 from cloud_elastic.checkpoint.manifest import DATA, SHARDS_DIR, checkpoint_info, new_manifest, record_body, split_meta
 from cloud_elastic.checkpoint.safety import Unusable as _Unusable
 from cloud_elastic.checkpoint.safety import one_line as _one_line
-from cloud_elastic.checkpoint.safety import safe_load, storage_reason
+from cloud_elastic.checkpoint.safety import COPY_FACTOR, COPY_SLACK, check_loaded, safe_load, storage_reason
 from cloud_elastic.errors import ConfigError
 
 __all__ = ["CheckpointStore", "checked_step", "write_job_record", "read_job_record"]
@@ -118,8 +118,10 @@ class CheckpointStore:
 
         ``meta`` may give ``epoch``, ``world_size`` and ``job_id`` (recorded in
         the manifest) and any other JSON values (kept under ``extra``).
-        Raises CheckpointError when ``step`` is negative, the payload holds something but tensors and plain data,
-        or storage refuses the write: the previous checkpoints stay, its own folder goes. It first deletes
+        Raises CheckpointError when ``step`` is negative, the payload holds something but tensors and plain data
+        or what every load refuses (``safety.check_loaded``: an expanded view, a storage referenced over and over,
+        checked against the size written), or storage refuses the write: the previous checkpoints stay, its own
+        folder goes. It first deletes
         interrupted writes (:meth:`_clear_interrupted`), which would fill the storage for good.
         """
         from cloud_elastic.checkpoint.payload import check_payload  # torch: see _publish
@@ -185,6 +187,8 @@ class CheckpointStore:
         self._writing.add(name)
         try:
             backend.write(f"{name}/{DATA}", lambda f: torch.save(payload, digest.wrap(f)))
+            # What every load would refuse is not published (an expanded view, a block shared past the copy bound).
+            check_loaded(payload, DATA, COPY_FACTOR * digest.size + COPY_SLACK, refused=_unloadable)
             created = time.time()
             data = {"name": DATA, "size": digest.size, "sha256": digest.hexdigest()}
             manifest = new_manifest(step, version, created, fields, extra, data, torch.__version__, shards, shard_count)
@@ -513,6 +517,11 @@ def read_record(store: CheckpointStore, path: str, what: str, kind: str, parse: 
 
 
 # -- helpers ---------------------------------------------------------------------------
+
+
+def _unloadable(why: str) -> CheckpointError:
+    """Why a payload is not checkpointed: every load would refuse what it wrote (``safety.check_loaded``'s ``why``)."""
+    return CheckpointError(f"every load would refuse it: its {DATA} {why.removesuffix(': corrupt or forged')}")
 
 
 def checked_step(step: int) -> int:

@@ -14,9 +14,10 @@ Guarantees a provider gives the driver:
   instance id, where the source knows one) tells the two apart.
 * Every snapshot passes :class:`DiscoveredHosts`' checks, whichever provider built it (a plugin's too):
   at most :data:`MAX_SLOTS_PER_HOST` slots per host, no IPv6 address (the driver listens and routes
-  over IPv4 only), and no host name over :data:`MAX_HOST_NAME` characters or with a label over
-  :data:`MAX_LABEL`. A snapshot that breaks them raises
-  :class:`~cloud_elastic.errors.FatalDiscoveryError` with one line naming the host.
+  over IPv4 only), no host name over :data:`MAX_HOST_NAME` characters or with a label over
+  :data:`MAX_LABEL`, and no name of digits and dots that is not an IPv4 address (``127.0.0.300``).
+  A snapshot that breaks them raises :class:`~cloud_elastic.errors.FatalDiscoveryError` with one line
+  naming the host.
 * Transient trouble raises :class:`~cloud_elastic.errors.RetryableDiscoveryError`;
   trouble retrying cannot fix raises :class:`~cloud_elastic.errors.FatalDiscoveryError`.
   Any other exception is a bug in the provider and is treated as retryable.
@@ -31,7 +32,9 @@ the same way in ``pyproject.toml``.
 from __future__ import annotations
 
 import abc
+import ipaddress
 import logging
+import re
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Callable, ClassVar, Mapping
@@ -53,15 +56,27 @@ MAX_LABEL = 63
 
 
 def host_name_refusal(host: str) -> str | None:
-    """The one line that refuses ``host`` for its length (the name shown cut short), or None when it is not too
-    long. A longer name crashed every worker it was sent to, and a 1 MB one wrote megabytes of log."""
+    """The one line that refuses ``host`` for its length (the name shown cut short), or for digits and dots that
+    are no IPv4 address; None when neither. A longer name crashed every worker it was sent to, and a 1 MB one
+    wrote megabytes of log. A typo such as ``127.0.0.300`` was started as a local host whose every round failed
+    ("Cannot resolve 127.0.0.300") for the whole elastic timeout; ``10.1`` or ``010.0.0.1`` would reach whatever
+    address the resolver makes of them (``10.0.0.1``, octal)."""
     shown = repr(host if len(host) <= 40 else host[:40] + "...")
     if len(host) > MAX_HOST_NAME:
         return f"host name {shown} has {len(host):,} characters; at most {MAX_HOST_NAME} are allowed"
     longest = max(host.split("."), key=len)
     if len(longest) > MAX_LABEL:
         return f"host name {shown} has a label of {len(longest)} characters; at most {MAX_LABEL} between dots"
+    if _DIGITS_AND_DOTS.match(host):  # no DNS name is all digits (no top-level domain is)
+        try:
+            ipaddress.IPv4Address(host)
+        except ValueError as exc:
+            return (f"host {shown} is not an IPv4 address ({exc}); give four numbers from 0 to 255 "
+                    "separated by dots, or a host name")
     return None
+
+
+_DIGITS_AND_DOTS = re.compile(r"^[0-9.]+$")
 
 
 def ipv6_refusal(host: str) -> str:

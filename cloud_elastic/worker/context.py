@@ -214,7 +214,9 @@ class WorkerContext(NextGroupMixin, DriverLinkMixin, RoundGroupsMixin, ExitingMi
     # ------------------------------------------------------------- lifecycle
     def start(self) -> None:
         """Register with the driver, start heartbeats and join the first round."""
-        exit_if_missing(self.interface, self.worker_id, self.hostname)  # not a failing group each round (see .interface)
+        # Not a failing group each round (see .interface).
+        gloo = self.backend == "gloo" and not self.standalone
+        exit_if_missing(self.interface, self.worker_id, self.hostname, gloo)
         memory.keep_freed_memory(self.settings.malloc_tuning)
         atexit.register(self._at_exit)
         self.progress.watch_thread()
@@ -331,7 +333,7 @@ class WorkerContext(NextGroupMixin, DriverLinkMixin, RoundGroupsMixin, ExitingMi
         ledger = self.ledger
         request = RendezvousRequest(last_round, reason, ledger.commits, ledger.rolled_back, ledger.commit_seq,
                                     ledger.holds_commit, self.unreachable if reason == "failure" else (),
-                                    ledger.trained, own_addresses(self.hostname)).to_wire()
+                                    ledger.trained, own_addresses(self.hostname, self.interface)).to_wire()
         self.unreachable = ()
         while True:
             reply = parse_rendezvous_reply(self._call("rendezvous", request, timeout_s=60.0))

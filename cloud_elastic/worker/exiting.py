@@ -28,6 +28,7 @@ import time
 from typing import Any
 
 from cloud_elastic.protocol import CompletedReport
+from cloud_elastic.protocol_reports import error_line
 from cloud_elastic.worker.link.client import DriverClient
 
 __all__ = ["ExitingMixin"]
@@ -165,7 +166,7 @@ class ExitingMixin:
                 or self.sent_away is not None or self.driver_lost):
             return
         raised = self._uncaught or getattr(sys, "last_value", None)
-        error = f"{type(raised).__name__}: {raised}"[:300] if raised is not None else None
+        error = error_line(f"{type(raised).__name__}: {raised}") if raised is not None else None
         report = CompletedReport(self.info.round, self.ledger.live_commit_seq, self.progress.steps, error,
                                  elastic=False).to_wire()
         try:

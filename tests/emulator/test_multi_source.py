@@ -12,11 +12,16 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import os
+import signal
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from cloud_elastic.checkpoint import CheckpointStore
+from cloud_elastic.checkpoint.alive import DriverAlive, read_driver_alive
 from cloud_elastic.providers.multi import MultiSourceDiscovery
 from cloud_elastic.providers.selection import build_discovery, parse_discovery_args
 from tests.emulator.fake_azure import VM
@@ -25,6 +30,7 @@ from tests.emulator.moto_env import clients, group_backend, make_group, set_memb
 from tests.integration.events_check import of, read_events
 from tests.integration.conftest import jobs  # noqa: F401  (the fixture that kills what a test leaves running)
 from tests.integration.harness import probe_cmd
+from tests.integration.test_status import status
 
 pytestmark = [pytest.mark.emulator, pytest.mark.timeout(120)]  # the first GCP test imports its SDK (20-30 s when loaded)
 
@@ -365,6 +371,111 @@ def test_a_job_that_ends_on_the_fallback_sets_the_group_it_raised_back_to_zero(a
     assert of(seen, "capacity")[-1]["reason"] == "the job is over"
     assert any(e["size"] == 2 and any(h.startswith("127.69.2.") for h in e["ranks"]) for e in of(seen, "round_formed"))
     assert "desired capacity of host source 'end-od' set back to 0 (or its group's minimum size): the job is over" in job.output()
+
+
+@pytest.mark.timeout(180)
+def test_idle_raised_slots_show_in_status_and_their_cost_goes_on_across_a_driver_restart(aws, jobs, tmp_path):
+    """fixI: ``status`` showed no idle slot-hours though its dollars held them, and a driver restarted after a
+    kill -9 carried its predecessor's dollars and slot-hours but not their idle part (0 again at the restart)."""
+    make_group(aws.url, "idle-spot", size=1, instance_type="g4dn.xlarge", cidr="10.73.1.0/24")
+    make_group(aws.url, "idle-od", size=0, cidr="10.73.2.0/24")  # g4dn.12xlarge: 4 slots, of which the job wants 1
+    clients(aws.url)[0].update_auto_scaling_group(AutoScalingGroupName="idle-od", MaxSize=1)
+    events, stop, ckpt, run = tmp_path / "events.jsonl", tmp_path / "stop", tmp_path / "ckpt", tmp_path / "run"
+    run.mkdir()
+    env = {"XDG_RUNTIME_DIR": str(run)}
+    args = ["run", "-np", "2", "--min-np", "2", "--discovery-interval", "0.3", "--checkpoint-dir", str(ckpt),
+            "--driver-grace", "60", "--aws-asg", "idle-spot", "--aws-asg", "idle-od", "--aws-region", "us-east-1",
+            "--aws-endpoint-url", aws.url, "--source", "idle-spot:price=0.2", "--source", "idle-od:fallback,price=1.5",
+            "--manage-capacity", "--events-file", str(events),
+            *[a for n in (1, 2) for a in ("--address-map", f"10.73.{n}.0/24=127.73.{n}.0/24")],
+            *probe_cmd("--steps", "5", "--step-sleep", "0.1", "--stop-when", str(stop))]
+    first = jobs(args, env=env)
+    job_id = first.wait_for(lambda j: j.job_id(), timeout=60, what="the driver's first line")
+
+    def cost_shown(at_least_idle_s: float = 0.0) -> dict:
+        """`status --json`'s cost figures, once the job's free raised slots add up to ``at_least_idle_s``."""
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            shown = status(run, job_id, "--json")
+            reply = json.loads(shown.stdout) if shown.returncode == 0 else {}
+            if reply.get("cost") is not None:
+                assert "cost_idle_slot_hours" in reply, f"status --json has a cost but no idle slot-hours: {reply}"
+                if reply["cost_idle_slot_hours"] * 3600 >= at_least_idle_s:
+                    return {k: reply[k] for k in ("cost", "cost_slot_hours", "cost_idle_slot_hours")}
+            time.sleep(0.5)
+        raise AssertionError(f"status never showed {at_least_idle_s} s of idle raised slots: {shown}")
+
+    before = cost_shown(at_least_idle_s=3 * 3.0)  # od's 3 free slots for 3 s, or more
+    asked = time.time()
+    store = CheckpointStore(str(ckpt))  # the sign of life refreshed after that (a tick since: it says as much)
+    first.wait_for(lambda j: (read_driver_alive(store) or DriverAlive("", 0, 0, "", 0)).alive > asked + 1.0,
+                   timeout=30, what="a refresh of the driver's sign of life")
+    os.kill(first.proc.pid, signal.SIGKILL)
+    first.proc.wait()
+    assert before["cost_slot_hours"] > before["cost_idle_slot_hours"] > 0 and before["cost"] > 0
+
+    second = jobs(args, env=env)  # the same command: it adopts the workers and takes the job over
+    second.wait_for(lambda j: "cost so far carried from the previous driver" in j.output(), timeout=60,
+                    what="the takeover")
+    after = cost_shown()
+    assert all(after[k] >= v for k, v in before.items()), (before, after)  # no figure drops at the restart
+    text = status(run, job_id)
+    assert "slot-hour(s) on hosts of a fallback group the job raised that ran no worker there" in text.stdout, text
+    stop.touch()
+    assert second.finish() == 0, second.output()[-3000:]
+    seen = read_events(events)
+    restarted = [i for i, e in enumerate(seen) if e["event"] == "job_started"][1]
+    took_over = next(e for e in seen[restarted:] if e["event"] == "cost" and e["dollars"] >= before["cost"])
+    assert took_over["idle_slot_hours"] >= before["cost_idle_slot_hours"]  # the sum, said at the takeover
+    [finished] = of(seen, "job_finished")
+    assert all(finished[k] >= after[f"cost_{k}"] for k in ("slot_hours", "idle_slot_hours")), (finished, after)
+    assert finished["cost"] >= after["cost"]
+    assert "of them on hosts of a fallback group the job raised that ran no worker there), up to its last sign of " \
+           "life" in second.output()
+
+
+@pytest.mark.timeout(180)
+def test_a_forged_cost_in_the_sign_of_life_loses_no_group_raised_across_a_driver_restart(aws, jobs, tmp_path):
+    """fixI2: a cost figure out of bounds in ``driver-alive.json`` made the whole entry unreadable, so the driver
+    restarted after a kill -9 lost the list of fallback groups its predecessor had raised: the on-demand group
+    stayed raised, paid for, after the job. Only the cost is refused now, in one line, and counted again."""
+    make_group(aws.url, "forge-spot", size=1, instance_type="g4dn.xlarge", cidr="10.74.1.0/24")
+    make_group(aws.url, "forge-od", size=0, instance_type="g4dn.xlarge", cidr="10.74.2.0/24")
+    clients(aws.url)[0].update_auto_scaling_group(AutoScalingGroupName="forge-od", MaxSize=1)
+    stop, ckpt, run = tmp_path / "stop", tmp_path / "ckpt", tmp_path / "run"
+    run.mkdir()
+    args = ["run", "-np", "2", "--min-np", "2", "--discovery-interval", "0.3", "--checkpoint-dir", str(ckpt),
+            "--driver-grace", "60", "--aws-asg", "forge-spot", "--aws-asg", "forge-od", "--aws-region", "us-east-1",
+            "--aws-endpoint-url", aws.url, "--source", "forge-spot:price=0.2",
+            "--source", "forge-od:fallback,price=1.5", "--manage-capacity",
+            *[a for n in (1, 2) for a in ("--address-map", f"10.74.{n}.0/24=127.74.{n}.0/24")],
+            *probe_cmd("--steps", "5", "--step-sleep", "0.1", "--stop-when", str(stop))]
+    first = jobs(args, env={"XDG_RUNTIME_DIR": str(run)})
+    store = CheckpointStore(str(ckpt))
+
+    def says_raised_and_cost(j) -> bool:
+        entry = read_driver_alive(store)
+        return entry is not None and entry.raised == (("forge-od", 1),) and entry.cost is not None
+
+    first.wait_event("commit", rank=0, step=2, timeout=90)  # it trains on the raised group's host
+    first.wait_for(says_raised_and_cost, timeout=30, what="a sign of life with the raised group and a cost")
+    os.kill(first.proc.pid, signal.SIGKILL)
+    first.proc.wait()
+    path = ckpt / "driver-alive.json"
+    entry = json.loads(path.read_text())
+    entry["cost"]["dollars"] = -1  # forged (or a bug): out of bounds
+    path.write_text(json.dumps(entry))
+
+    second = jobs(args, env={"XDG_RUNTIME_DIR": str(run)})  # the same command: it adopts the workers
+    second.wait_for(lambda j: "previous driver raised host source" in j.output() or "unreadable" in j.output(),
+                    timeout=60, what="the takeover")
+    stop.touch()
+    assert second.finish() == 0, second.output()[-3000:]
+    out = second.output()
+    assert desired(aws, "forge-od") == 0, f"the group the first driver raised stays raised (paid): {out[-3000:]}"
+    refused = [line for line in out.splitlines() if "cost so far" in line and "refused" in line]
+    assert len(refused) == 1 and str(path) in refused[0] and "dollars -1" in refused[0], out[-3000:]
+    assert "counted again from $0" in refused[0] and "unreadable" not in out
 
 
 @pytest.mark.timeout(180)

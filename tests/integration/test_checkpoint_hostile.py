@@ -96,3 +96,34 @@ def test_a_sharded_checkpoint_written_to_a_full_disk_says_no_space_left_on_devic
     line = _on_a_full_disk(tmp_path, "24k", _FULL_DISK_SHARDED_SAVE)
     assert line.startswith("REFUSED the final checkpoint (step 1) was not written: torch DCP could not write the "
                            "shards: no space left on device"), line
+
+
+def test_a_resume_falls_back_past_a_checkpoint_whose_key_nests_too_deep_and_trains_on(jobs, tmp_path):
+    """Review s63 rvX F2: the newest checkpoint forged to hold, in place of one attribute, a tuple key nested 250
+    deep under dicts nested 250 deep. Before: chosen by the store, then RecursionError in every worker's load, three
+    times, and the job failed with the intact checkpoint before it never tried."""
+    from tests.unit.test_checkpoint_forged_bounds import deep_key_under_deep_dicts, forge
+
+    ckpt = tmp_path / "ckpt"
+    (tmp_path / "run").mkdir()
+
+    def run(steps: int):
+        return jobs(["run", "-np", "1", "-H", "127.0.0.1:1", "--checkpoint-dir", str(ckpt), "--checkpoint-keep", "3",
+                     *probe_cmd("--steps", str(steps), "--step-sleep", "0.02")],
+                    env={"XDG_RUNTIME_DIR": str(tmp_path / "run")})
+
+    first = run(4)
+    assert first.finish(90) == 0, first.output()
+    store = CheckpointStore(str(ckpt), keep=3)
+    intact = store.latest()
+    assert intact.info.step == 4
+    forged = forge(store, 5, {**intact.payload, "resets": deep_key_under_deep_dicts(250)})
+
+    second = run(6)
+    assert second.finish(90) == 0, second.output()
+    out = second.output()
+    unusable = [line for line in second.lines if forged in line and "is unusable" in line]
+    assert len(unusable) == 1 and "nests containers more than 256 deep" in unusable[0], out
+    assert len([line for line in second.lines if "resumed from the checkpoint of step 4 (" in line]) == 1, out
+    assert [e["step"] for e in second.of("done")] == [6], out
+    assert "RecursionError" not in out and "Traceback" not in out, out

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
+import re
+import signal
 import subprocess
 import sys
 
 import pytest
 
-from tests.integration.harness import REPO
+from tests.integration.harness import REPO, worker_on
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -26,6 +29,41 @@ def test_synthetic_example_trains_under_the_launcher(jobs):
     job = jobs(["run", "-np", "2", "-H", "127.0.0.1,127.0.0.2", sys.executable, "examples/torch_synthetic.py", "--steps", "40"])
     assert job.finish() == 0, job.output()
     assert any(line.startswith("[0]<127.0.0.1[0]> done: 40 steps") for line in job.lines), job.output()
+
+
+def test_ported_torchrun_script_survives_a_kill_with_its_state_intact(jobs):
+    """docs/torchrun.md's "after": three workers, one killed with ``kill -9`` mid-training. The two survivors
+    roll back to their last in-memory commit instead of restarting, shard what is left of the epoch between them,
+    and finish every epoch with each of its samples trained once, as identical replicas."""
+    job = jobs(["run", "-np", "3", "--min-np", "2", "-H", "127.0.0.1,127.0.0.2,127.0.0.3",
+                "--blacklist-cooldown-range", "300", "300",  # no replacement: the survivors finish alone
+                sys.executable, "examples/ddp_ported.py", "--step-sleep", "0.05", "--log-every", "1"])
+    job.wait_for(lambda j: any(" step 4 " in line and "on 3 worker(s)" in line for line in j.lines), 60,
+                 "step 4 on three workers")
+    os.kill(worker_on(job.job_id(), "127.0.0.3"), signal.SIGKILL)
+    assert job.finish() == 0, job.output()
+    out = job.output()
+    assert re.search(r"worker 127\.0\.0\.3\[0\]#\d+ \(rank \d\) killed by signal 9", out), out
+    rolled = [int(n) for n in re.findall(r"survivors rolled back (\d+) step\(s\)", out)]
+    assert len(rolled) == 1 and rolled[0] <= 1, out
+    printed = re.findall(r"^\[0\]<[^>]*> epoch \d+ step (\d+) loss \S+ on (\d) worker\(s\)$", out, re.M)
+    three, two = ([int(step) for step, size in printed if size == n] for n in "32")
+    assert three == list(range(1, len(three) + 1)) and two == list(range(two[0], two[0] + len(two))), printed
+    assert three[-1] <= two[0] <= three[-1] + 2, printed  # the survivors went on from their commit, not from 0
+    for epoch in range(3):
+        assert f"epoch {epoch} done: 512 of 512 samples" in out, out
+    assert not re.search(r"done: (?!512 )\d+ of 512 samples", out), out
+    done = re.findall(r"> done: 3 epochs, (\d+) steps, rank \d of 2, weights (\w+)$", out, re.M)
+    assert len(done) == 2 and len(set(done)) == 1 and int(done[0][0]) == two[-1], out
+
+
+def test_an_unported_torchrun_script_ends_the_job_saying_what_to_change(jobs):
+    """Review s63 rvU finding 6: the "before" of docs/torchrun.md, unchanged, ends in one line that points to the port."""
+    job = jobs(["run", "-np", "2", "-H", "127.0.0.1:2", sys.executable, "examples/ddp_torchrun.py"])
+    assert job.finish() == 1, job.output()
+    assert job.lines[-1].endswith("environment variable RANK expected, but not set (a torchrun script? cloud-elastic "
+                                  "sets no RANK or WORLD_SIZE: port it to cloud_elastic.torch, docs/torchrun.md)"), \
+        job.output()
 
 
 def test_a_worker_script_also_runs_standalone_without_the_launcher():

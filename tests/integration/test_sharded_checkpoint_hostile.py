@@ -11,6 +11,7 @@ Before: the flipped bytes loaded "successfully" and the pickle ran.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import pickle
 import sys
@@ -73,3 +74,36 @@ def test_a_corrupt_shard_of_one_worker_makes_the_whole_host_fall_back_and_no_pic
     assert len(entered) == 2 and {(e["step"], e["full"]) for e in entered} == {(at, committed.pop())}, entered
     assert {e["step"] for e in second.of("done")} == {10}
     assert "Traceback" not in out, out  # one line per worker, not DCP's error reports
+
+
+def test_an_item_forged_into_the_metadata_falls_back_and_a_fitting_resume_trains_on(jobs, tmp_path):
+    """Review rvH2's side note: one more non-tensor item in ``dcp/metadata.json`` (``{"kind": "bytes"}``, no bytes
+    stored for it: DCP never writes one), its digest fixed in the manifest. Before: the job ended as "does not fit
+    this training state" (another model), though nothing fit less than the previous, intact checkpoint."""
+    ckpt = tmp_path / "ckpt"
+    first = jobs(_args(ckpt, 6))
+    assert first.finish(timeout=150) == 0, first.output()
+    previous, final = sorted(p for p in ckpt.iterdir() if p.name.startswith("ckpt-"))[-2:]
+    at = json.loads((previous / "manifest.json").read_text())["step"]
+    committed = {e["full"] for e in first.of("commit") if e["step"] == at}
+    assert len(committed) == 1 and at < 6
+
+    path = final / "dcp" / "metadata.json"
+    metadata = json.loads(path.read_text())
+    metadata["items"]["model.extra"] = {"kind": "bytes"}
+    path.write_text(json.dumps(metadata))
+    manifest = json.loads((final / "manifest.json").read_text())
+    manifest["shards"]["files"]["metadata.json"] = path.stat().st_size
+    manifest["shards"]["sha256"]["metadata.json"] = hashlib.sha256(path.read_bytes()).hexdigest()
+    (final / "manifest.json").write_text(json.dumps(manifest))
+
+    second = jobs(_args(ckpt, 7))
+    code = second.finish(timeout=150)
+    out = second.output()
+    assert code == 0 and "does not fit" not in out, out
+    unusable = [line for line in second.lines if final.name in line and "is unusable" in line]
+    assert len(unusable) == 2 and all("item 'model.extra': a non-tensor item without a storage entry" in line
+                                      for line in unusable), out
+    entered = second.of("entered")
+    assert len(entered) == 2 and {(e["step"], e["full"]) for e in entered} == {(at, committed.pop())}, entered
+    assert {e["step"] for e in second.of("done")} == {7}

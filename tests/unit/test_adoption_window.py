@@ -68,8 +68,9 @@ def _restarted(config: JobConfig) -> tuple[Driver, object]:
     return driver, plan
 
 
-def _predecessor(root, ckpt: str, secret: str) -> int:
-    """The records a driver killed a moment ago leaves behind: its status, its secret, its adoption record."""
+def _predecessor(root, ckpt: str, secret: str, grace_s: float = 60.0) -> int:
+    """The records a driver killed a moment ago leaves behind: its status, its secret, its adoption record (its
+    workers' ``grace_s``)."""
     directory = root / "cloud-elastic" / JOB
     directory.mkdir(parents=True, mode=0o700)
     pid = _dead_pid()
@@ -78,7 +79,7 @@ def _predecessor(root, ckpt: str, secret: str) -> int:
     port = _free_port()
     write_record(directory, {
         "job": JOB, "checkpoint_dir": ckpt, "advertised": "127.0.0.1", "bind": "127.0.0.1",
-        "control_port": port, "store_port": _free_port(), "grace_s": 60.0, "seq": 1,
+        "control_port": port, "store_port": _free_port(), "grace_s": grace_s, "seq": 1,
         "workers": [{"id": WORKER, "host": "127.0.0.1", "slot": 0, "seq": 1,
                      "handle": {"kind": "local", "pid": pid, "start": 0}}],
     })
@@ -118,7 +119,8 @@ def test_a_worker_arriving_as_the_restarted_driver_starts_listening_is_adopted(t
 def test_giving_an_adoption_up_closes_the_store_socket_once(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
     ckpt = str(tmp_path / "ckpt")
-    control_port = _predecessor(tmp_path, ckpt, new_secret())
+    # A taken port is tried again until the workers' grace is about to end (less a second): here, for 2 s.
+    control_port = _predecessor(tmp_path, ckpt, new_secret(), grace_s=3.0)
     config = JobConfig(command=("python", "train.py"), num_proc=1, min_np=1, max_np=1, checkpoint_dir=ckpt)
     driver, plan = _restarted(config)
     store_ports: list[int] = []

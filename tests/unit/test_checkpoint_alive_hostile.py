@@ -2,6 +2,7 @@
 
 grace_s 1e12 or Infinity crashed a restarted driver (OverflowError in its wait) and NaN disabled
 the wait; such an entry is now refused in one line, and the driver goes on with what it knows.
+A ``raised`` or ``cost`` out of bounds is refused alone (fixI2): the rest of the entry still holds.
 """
 
 from __future__ import annotations
@@ -66,11 +67,11 @@ def test_a_driver_never_writes_a_number_json_cannot_hold(tmp_path: Path) -> None
     assert json.loads((tmp_path / ALIVE_RECORD).read_text())["grace_s"] == 60.0
 
 
-def _entry_with(tmp_path: Path, name: str, value: str) -> CheckpointStore:
-    """An entry whose field ``name`` (``raised``, ``cost``) is the JSON text ``value``."""
+def _entry_with(tmp_path: Path, name: str, value: str, more: str = "") -> CheckpointStore:
+    """An entry whose field ``name`` (``raised``, ``cost``) is the JSON text ``value`` (and ``more`` fields)."""
     (tmp_path / ALIVE_RECORD).write_text(
         '{"format": "cloud-elastic-checkpoint", "job_id": "j1", "host": "vm", "pid": 7, "stopped": false, '
-        f'"alive": {NOW}, "grace_s": 60, "{name}": {value}}}')
+        f'"alive": {NOW}, "grace_s": 60, {more}"{name}": {value}}}')
     return CheckpointStore(str(tmp_path))
 
 
@@ -86,22 +87,35 @@ def test_the_groups_a_driver_raised_read_back_and_an_entry_without_them_raised_n
     assert read_driver_alive(store, now=NOW).raised == ()
 
 
-@pytest.mark.parametrize("raised", ['{"od": 1e9}', '{"od": -1}', '{"od": "2"}', '{"od": true}', '[["od", 2]]',
-                                    '{' + ", ".join(f'"g{i}": 1' for i in range(65)) + '}'])
-def test_raised_groups_that_are_not_a_small_mapping_of_bounded_capacities_are_refused_in_one_line(
-        tmp_path: Path, raised: str) -> None:
-    with pytest.raises(CheckpointError, match=rf"{ALIVE_RECORD} is unreadable: raised") as refused:
-        read_driver_alive(_entry_with(tmp_path, "raised", raised), now=NOW)
-    assert "\n" not in str(refused.value)
+_COST = '{"dollars": 2, "slot_hours": 1, "unpriced_slot_hours": 0, "by_source": {}}'
+
+
+@pytest.mark.parametrize("raised, kept", [
+    ('{"od": 1e9}', ()), ('{"od": -1}', ()), ('{"od": "2"}', ()), ('{"od": true}', ()), ('[["od", 2]]', ()),
+    ('{' + ", ".join(f'"g{i}": 1' for i in range(65)) + '}', ()), ('"od"', ()),
+    ('{"od": 2, "x": -1}', (("od", 2),)), ('{"od": 2, "' + "y" * 300 + '": 1}', (("od", 2),)),
+    ('{"od": 2, ' + ", ".join(f'"bad{i}": 0' for i in range(60)) + '}', (("od", 2),))])
+def test_raised_groups_out_of_bounds_are_refused_in_one_line_and_the_rest_of_the_entry_holds(
+        tmp_path: Path, raised: str, kept: tuple) -> None:
+    entry = read_driver_alive(_entry_with(tmp_path, "raised", raised, f'"cost": {_COST}, '), now=NOW)
+    assert entry.raised == kept and entry.grace_s == 60 and entry.cost.dollars == 2  # the wait and the cost hold
+    [(part, why)] = entry.refused
+    assert part == "raised" and why.startswith(f"{tmp_path / ALIVE_RECORD}: raised ")
+    assert "\n" not in why and len(why) < 600, why
+    assert ("'od' the capacity" in why) == (raised.startswith('{"od": ') and not kept), why  # the group refused
 
 
 def test_the_cost_so_far_reads_back_and_an_entry_without_it_has_none(tmp_path: Path) -> None:
     store = CheckpointStore(str(tmp_path))
-    cost = CostSoFar(12.5, 9.75, 0.25, (("gpu-od", 9.4), ("gpu-spot", 3.1)))
+    cost = CostSoFar(12.5, 9.75, 0.25, (("gpu-od", 9.4), ("gpu-spot", 3.1)), idle_slot_hours=1.5)
     write_driver_alive(store, DriverAlive("j1", NOW, 60.0, "vm", 7, cost=cost))
     assert json.loads((tmp_path / ALIVE_RECORD).read_text())["cost"] == {
-        "dollars": 12.5, "slot_hours": 9.75, "unpriced_slot_hours": 0.25, "by_source": {"gpu-od": 9.4, "gpu-spot": 3.1}}
+        "dollars": 12.5, "slot_hours": 9.75, "unpriced_slot_hours": 0.25, "idle_slot_hours": 1.5,
+        "by_source": {"gpu-od": 9.4, "gpu-spot": 3.1}}
     assert read_driver_alive(store, now=NOW).cost == cost
+    # An entry of a driver from before idle slot-hours were kept: none carried, the rest as it says.
+    older = read_driver_alive(_entry_with(tmp_path, "cost", "{" + _FIGURES + ', "dollars": 2}'), now=NOW).cost
+    assert older == CostSoFar(2.0, 1.0, 0.0, ()) and older.idle_slot_hours == 0.0
     assert read_driver_alive(_entry_with(tmp_path, "cost", "null"), now=NOW).cost is None  # a job with one source
     assert read_driver_alive(_entry_with(tmp_path, "raised", "{}"), now=NOW).cost is None  # written before drivers kept it
 
@@ -117,8 +131,21 @@ _FIGURES = '"slot_hours": 1, "unpriced_slot_hours": 0, "by_source": {}'
     '{"dollars": 1, "slot_hours": 1, "unpriced_slot_hours": 0, "by_source": {'
     + ", ".join(f'"s{i}": 1' for i in range(1000)) + '}}',
     '{"dollars": 1, "slot_hours": 1, "unpriced_slot_hours": 0, "by_source": {"' + "x" * 300 + '": 1}}',
-    '[12.5, 9.75]', '{"dollars": 1, "slot_hours": 1, "unpriced_slot_hours": 0}'])
+    '[12.5, 9.75]', '{"dollars": 1, "slot_hours": 1, "unpriced_slot_hours": 0}',
+    *('{"dollars": 1, ' + _FIGURES + f', "idle_slot_hours": {idle}}}'  # idle: a part of the slot-hours
+      for idle in ("NaN", "-1", "1e300", "Infinity", '"0.5"', "true", "null", "2"))])
 def test_a_cost_that_is_not_bounded_figures_of_a_few_sources_is_refused_in_one_line(tmp_path: Path, cost: str) -> None:
-    with pytest.raises(CheckpointError, match=rf"{ALIVE_RECORD} is unreadable: cost") as refused:
-        read_driver_alive(_entry_with(tmp_path, "cost", cost), now=NOW)
-    assert "\n" not in str(refused.value) and len(str(refused.value)) < 400
+    entry = read_driver_alive(_entry_with(tmp_path, "cost", cost, '"raised": {"od": 2}, '), now=NOW)
+    assert entry.cost is None and entry.raised == (("od", 2),)  # the groups raised hold: a successor lowers them
+    [(part, why)] = entry.refused
+    assert part == "cost" and why.startswith(f"{tmp_path / ALIVE_RECORD}: cost")
+    assert "\n" not in why and len(why) < 400 + len(str(tmp_path))
+
+
+def test_a_refusal_is_never_written_back(tmp_path: Path) -> None:
+    store = _entry_with(tmp_path, "cost", "[1]", '"raised": 5, ')
+    entry = read_driver_alive(store, now=NOW)
+    assert [part for part, _ in entry.refused] == ["raised", "cost"]
+    write_driver_alive(store, entry)
+    assert "refused" not in json.loads((tmp_path / ALIVE_RECORD).read_text())
+    assert read_driver_alive(store, now=NOW).refused == ()

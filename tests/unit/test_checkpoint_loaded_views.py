@@ -217,3 +217,31 @@ def test_a_sharded_item_holding_a_view_that_repeats_one_element_falls_back_in_on
     assert newest.name in warning and "its shard item 'optimizer.param_groups.0.lr' holds a tensor of shape " \
         "[1152921504606846976] and strides [0]" in warning and "falling back to the previous one" in warning, warning
     assert "\n" not in warning and len(warning) < 600, warning
+
+
+@pytest.mark.parametrize(("value", "reason"), [
+    (lambda: torch.zeros(1).expand(1000), "holds a tensor of shape [1000] and strides [0], 4,000 bytes of elements "
+                                          "over 4 bytes of storage (a view that repeats them) (at ['x'])"),
+    (lambda: [torch.zeros(256, 1024)] * 100, "would take more than 75,5"),
+], ids=["expanded view", "one MiB block 100 times"])
+def test_a_direct_save_writes_nothing_that_every_load_would_refuse(tmp_path: Path, value, reason: str) -> None:
+    """Review s63 rvX F7: ``CheckpointStore.save`` wrote them, and ``latest()`` then passed the checkpoint over."""
+    store = CheckpointStore(str(tmp_path), keep=3)
+    store.save(1, {"x": 0})
+    with pytest.raises(CheckpointError, match="every load would refuse it: its state.pt ") as refused:
+        store.save(2, {"x": value()})
+    assert reason in str(refused.value), refused.value
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith("ckpt-")] == [store.list()[0].name]
+    assert store.latest().info.step == 1
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("dtype", [torch.quint4x2, torch.quint2x4])
+def test_a_tensor_of_several_elements_a_byte_loads_as_saved(tmp_path: Path, dtype: torch.dtype) -> None:
+    """Review s63 rvX F7: quint4x2 was priced at a byte an element, twice its storage: refused as a view that
+    repeats it, and every checkpoint holding one passed over."""
+    value = torch.quantize_per_tensor(torch.linspace(0, 1, 9), 0.1, 0, dtype)
+    store = CheckpointStore(str(tmp_path))
+    store.save(1, {"q": value})
+    loaded = store.latest()
+    assert loaded.info.step == 1 and torch.equal(loaded.payload["q"].int_repr(), value.int_repr())

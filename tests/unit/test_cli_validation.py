@@ -69,6 +69,14 @@ CASES = {
                                "'ibm' is not one of 'auto', 'aws', 'gcp', 'azure', 'none'"),
     "spares-negative": Case(("-np", "1", "-H", "h", "--spares", "-1", *TRAIN), "--spares must be 0-1024, got -1"),
     "checkpoint-keep-0": Case(("-np", "1", "-H", "h", "--checkpoint-keep", "0", *TRAIN), "--checkpoint-keep must be >= 1"),
+    # The job ran with no durable checkpoint while the user believed it protected (review s63 rvU finding 4).
+    "checkpoint-flags-no-dir": Case(("-np", "1", "-H", "h", "--checkpoint-interval", "5", "--checkpoint-keep", "3",
+                                     *TRAIN), "--checkpoint-interval and --checkpoint-keep given without --checkpoint-dir"),
+    "checkpoint-keep-no-dir": Case(("-np", "1", "-H", "h", "--checkpoint-keep", "3", *TRAIN),
+                                   "error: --checkpoint-keep given without --checkpoint-dir"),
+    # A typo'd loopback address failed every round for --elastic-timeout (review s63 rvU finding 3).
+    "ipv4-typo": Case(("-np", "2", "-H", "127.0.0.2:1,127.0.0.300:1", *TRAIN),
+                      "--hosts: entry 2: host '127.0.0.300' is not an IPv4 address"),
     "metrics-port-range": Case(("-np", "1", "-H", "h", "--metrics-port", "70000", *TRAIN), "--metrics-port must be 0-65535"),
     # Past the check, the driver's metrics server would die on a raw socket.gaierror traceback.
     "metrics-addr-empty": Case(("-np", "1", "-H", "localhost", "--metrics-port", "0", "--metrics-addr", "", *TRAIN),

@@ -206,3 +206,30 @@ def test_while_a_call_hangs_the_running_poller_reports_failures_and_makes_no_oth
         provider.go.set()
         poller.close()
     assert poller.join(5)
+
+
+class ReleasingProvider(PushProvider):
+    """A cloud that holds leaving instances for the job (an AWS lifecycle hook): it lets them go."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.released: list[tuple[str, str | None]] = []
+
+    def release(self, host: str, instance: str | None) -> None:
+        self.released.append((host, instance))
+
+
+@pytest.mark.parametrize("provider_class", [PushProvider, ReleasingProvider])
+def test_released_to_the_cloud_is_said_only_by_a_provider_that_releases(provider_class, caplog) -> None:
+    # A -H list or a discovery script holds no instance: "released ... to the cloud" misled (review s63 rvU 8).
+    provider = provider_class()
+    poller = DiscoveryPoller(provider, lambda result: None, interval_s=3600)
+    with caplog.at_level(logging.INFO, logger="cloud_elastic.driver.runtime.discovery"):
+        poller.release("10.0.0.5", "i-1")
+        poller._release_queued()  # what the poller's thread does between finds
+    said = [r.getMessage() for r in caplog.records if "released drained host" in r.getMessage()]
+    if provider_class is ReleasingProvider:
+        assert provider.released == [("10.0.0.5", "i-1")]
+        assert said == ["released drained host 10.0.0.5 (i-1) to the cloud"]
+    else:
+        assert said == []

@@ -6,6 +6,7 @@ Real Gloo groups of real worker contexts over a real TCPStore, each member on a 
 
 from __future__ import annotations
 
+import socket
 import threading
 from datetime import timedelta
 
@@ -17,7 +18,8 @@ from cloud_elastic.control import round_namespace
 from cloud_elastic.protocol import Assignment, RankInfo, RendezvousRequest
 from cloud_elastic.worker.context import RoundInfo, WorkerContext
 from cloud_elastic.worker.rounds.groups import RoundStore
-from cloud_elastic.worker.rounds.peers import Peers, own_addresses
+from cloud_elastic.worker.interface import interface_addresses
+from cloud_elastic.worker.rounds.peers import OwnAddresses, Peers, own_addresses
 from cloud_elastic.worker.rounds.signed_store import SignedStore
 from cloud_elastic.worker.settings import WorkerSettings
 from tests.unit.test_job import started
@@ -156,3 +158,46 @@ def test_the_driver_tells_a_round_to_write_addresses_in_its_store_only_when_ever
     sim._collect()
     assert sim.job.round == 2 and sim.reply("b[0]").ranks.size == 2
     assert not sim.reply("a[0]").peers_in_store and not sim.reply("b[0]").peers_in_store
+
+
+def test_a_host_name_that_does_not_resolve_is_asked_again_only_after_a_while_and_a_resolved_one_never() -> None:
+    """A name only the driver knows cost a resolver timeout (10 s by glibc's defaults) at every rendezvous and every
+    round's store: a failure is kept ``retry_s``; the resolver stands in for a DNS server that never answers."""
+    asked: list[str] = []
+    now = [0.0]
+
+    def resolver(name, port, proto=0):
+        asked.append(name)
+        if name.startswith("gpu-"):
+            raise socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
+        return [(socket.AF_INET, socket.SOCK_STREAM, proto, "", ("10.0.0.7", 0))]
+
+    own = OwnAddresses(resolver, lambda: now[0], retry_s=60.0, limit=2)
+    assert [own("gpu-a") for _ in range(5)] == [()] * 5 and asked == ["gpu-a"]
+    now[0] = 59.9
+    assert own("gpu-a") == () and asked == ["gpu-a"]
+    now[0] = 60.0  # a name may come to resolve (a DNS record added): asked again once the failure expired
+    assert own("gpu-a") == () and asked == ["gpu-a"] * 2
+    assert own("node-7") == own("node-7") == ("10.0.0.7",) and asked.count("node-7") == 1
+    now[0] = 10_000.0
+    assert own("node-7") == ("10.0.0.7",) and asked.count("node-7") == 1  # a resolved name is kept
+    assert own("gpu-a") == () and asked.count("gpu-a") == 3
+    own("gpu-b")  # past ``limit`` names: the oldest (node-7) is dropped, and asked again
+    assert own("node-7") == ("10.0.0.7",) and asked.count("node-7") == 2 and asked.count("gpu-a") == 3
+
+
+def test_with_a_network_interface_a_worker_gives_the_interfaces_addresses_and_resolves_nothing(server):
+    """--network-interface: Gloo binds the interface's address, whatever the host's name resolves to (here nothing:
+    a name only the driver knows), so that is what the worker gives at rendezvous and in its round's store."""
+    lo = interface_addresses("lo")
+    assert "127.0.0.1" in lo
+    ctx = _worker(server, "w0", "gpu-only-the-driver-knows.invalid", network_interface="lo")
+    ctx._client = object()
+    ctx._form_group = lambda info: setattr(ctx, "info", info)
+    sent = []
+    reply = Assignment(1, RankInfo(0, 1, 0, 1, 0, 1), True, 0).to_wire()
+    ctx._call = lambda kind, payload=None, timeout_s=0.0: sent.append(payload) or reply
+    ctx.rendezvous("start")
+    assert RendezvousRequest.from_wire(sent[0]).addresses == lo
+    info = RoundInfo(0, 2, 0, 1, 0, 2, round=1, needs_sync=False, update_gen=0, peers_in_store=True)
+    assert ctx._round_store(info, "").peers.own == lo

@@ -64,3 +64,32 @@ def test_garbage_is_quoted_at_most_80_characters() -> None:
 def test_unit_names_lines_for_scripts() -> None:
     with pytest.raises(ValueError, match="^discover.sh: line 1 is not host"):
         parse_host_list(["?"], default_slots=1, source="discover.sh", unit="line")
+
+
+@pytest.mark.parametrize(("host", "why"), [
+    ("127.0.0.300", "Octet 300 (> 255) not permitted"),
+    ("10.1", "Expected 4 octets"),
+    ("10.0.0.1.", "Expected 4 octets"),
+    ("010.0.0.1", "Leading zeros are not permitted"),  # octal to inet_aton: 8.0.0.1
+    ("12345", "Expected 4 octets"),
+])
+def test_digits_and_dots_that_are_no_ipv4_address_are_refused_in_one_line(host: str, why: str) -> None:
+    # 127.0.0.300 was started as a local host whose every round failed for --elastic-timeout (review s63 rvU 3).
+    with pytest.raises(ValueError) as info:
+        parse("127.0.0.2:1", f"{host}:1")
+    message = str(info.value)
+    assert message.startswith(f"--hosts: entry 2: host {host!r} is not an IPv4 address (") and why in message
+    assert "give four numbers from 0 to 255 separated by dots, or a host name" in message and "\n" not in message
+
+
+def test_names_with_digits_and_addresses_are_kept() -> None:
+    assert parse("10.0.0.5:2", "255.255.255.255", "node-01.example", "1a.2b") == {
+        "10.0.0.5": 2, "255.255.255.255": 1, "node-01.example": 1, "1a.2b": 1}
+
+
+def test_a_provider_snapshot_with_such_a_host_is_refused_as_fatal() -> None:
+    from cloud_elastic.errors import FatalDiscoveryError
+    from cloud_elastic.providers.api import DiscoveredHosts
+
+    with pytest.raises(FatalDiscoveryError, match="host '10.0.0.256' is not an IPv4 address"):
+        DiscoveredHosts(ready={"10.0.0.5": 1, "10.0.0.256": 1})

@@ -98,3 +98,32 @@ def test_the_control_plane_tells_the_job_when_a_heartbeat_says_elastic() -> None
     p.handle("poll", {"worker": second, "round": 0, "update_gen": 0, "abort_round": 0, "elastic": True})
     assert job.fixed.elastic is True
     assert T0 in job.heard_at
+
+
+def test_a_newcomers_refusal_reaches_the_failure_line_whole() -> None:
+    # Cut at 300 characters, the refusal lost its last words, the pointer to the docs (review s63 rvU finding 7).
+    from cloud_elastic.protocol_reports import error_line
+    from cloud_elastic.worker.joining import refuse
+
+    try:
+        refuse("broadcast_parameters")
+    except Exception as exc:
+        refusal = error_line(f"{type(exc).__name__}: {exc}")  # what the worker's exit hook reports
+    assert len(refusal) > 300 and refusal.endswith("its result (see docs/porting.md)")
+    sim = elastic_pair()
+    sim.job.fixed.entered(sim.id("a[0]"))
+    # Its exit hooks: the script's end, then the exit report the failure line is made from (control_plane.py).
+    assert sim.job.completed(sim.id("b[0]"), sim.now, steps=0, error=refusal, elastic=False) == ("done", "")
+    sim.job.adoption.exiting(sim.id("b[0]"), 1, refusal)
+    sim._collect()
+    sim.exit("b[0]", CRASH)
+    assert sim.job.last_failure.endswith(f"exited with code 1: {refusal}")
+
+
+def test_an_error_line_is_cut_at_a_words_end_and_says_so() -> None:
+    from cloud_elastic.protocol_reports import MAX_ERROR_LINE, error_line
+
+    assert error_line("ValueError: bad\nTraceback ...") == "ValueError: bad"
+    long = error_line("RuntimeError: " + "word " * 200)
+    assert len(long) <= MAX_ERROR_LINE and long.endswith("word…")
+    assert len(error_line("x" * 2000)) == MAX_ERROR_LINE

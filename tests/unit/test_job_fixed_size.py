@@ -234,8 +234,10 @@ def test_a_job_whose_workers_committed_is_never_restarted_from_the_script_s_star
 
 
 def test_an_elastic_job_s_newcomer_ending_without_elastic_run_is_an_elastic_failure() -> None:
-    """Commits come only from elastic.run: a newcomer that fails in its set-up does not make the job fixed-size."""
+    """The members' heartbeats say they are inside elastic.run: a newcomer that fails in its set-up does not make
+    the job fixed-size."""
     sim = started(2, {"a": 2}, min_np=1, max_np=3)
+    sim.job.fixed.entered(sim.id("a[0]"))
     sim.commit("a[0]", "a[1]", count=5)
     sim.discover({"a": 2, "b": 1})
     sim.join("b[0]")
@@ -309,7 +311,7 @@ def test_a_draining_worker_lost_before_its_script_ends_is_the_attempt_s_failure_
 
 
 # ------------------------------------------------------------ the piece alone, on a FakeJob
-def test_the_piece_alone_takes_the_job_only_from_the_first_report_and_never_after_a_commit() -> None:
+def test_the_piece_alone_takes_the_job_only_from_the_first_report_and_never_after_a_worker_entered() -> None:
     from cloud_elastic.driver.job.actions import Phase
     from cloud_elastic.driver.job.fixed_size import FixedSize
     from tests.unit.job_view import FakeJob, S
@@ -328,11 +330,16 @@ def test_the_piece_alone_takes_the_job_only_from_the_first_report_and_never_afte
     assert fixed.step(1000.0) and not job.outcome.success
     assert job.outcome.reason.startswith("worker a[1]#2 (rank 1) exited with code 1: RuntimeError: x (a fixed-size")
 
+    # Only a worker entering elastic.run makes the job elastic; a commit alone does not (a worker refuses one
+    # outside it, and an older worker's commit outside it says nothing of the script: review s63 rvU finding 1).
     committed = FakeJob(2)
     committed.state_committed = True
     w = committed.worker("a", 0, S.WAITING)
-    elastic = FixedSize(committed)
-    assert elastic.script_ended(w, None) == ("done", "") and not elastic.known
+    fixed_after_all = FixedSize(committed)
+    assert fixed_after_all.script_ended(w, None) == ("done", "") and fixed_after_all.known
+    entered = FixedSize(FakeJob(2))
+    entered.entered("a[1]#2")
+    assert entered.script_ended(entered._job.worker("a", 0, S.WAITING), None) == ("done", "") and not entered.known
 
 
 # --------------------------------------------- a command that never calls hvd.init() (hostname, python -c 1)

@@ -248,3 +248,104 @@ def test_a_worker_names_the_peer_address_its_connection_is_unanswered_by() -> No
         for s in tries:
             s.close()
         listener.close()
+
+
+# ------------------------------------------------- an older worker among the members (versions mix in a rollout)
+def _address(sim: Sim, host: str) -> str:
+    """The address a peer's Gloo connects to on ``host``: its name when that is an IP address, as discovery names most
+    hosts, else what it resolves to (an address only the host's own workers can give the driver)."""
+    return host if host[0].isdigit() else sim.address(host)
+
+
+def _older_request(sim: Sim, slot: str, last_round: int, reason: str, cut: tuple[str, ...]) -> RendezvousRequest:
+    """The rendezvous request of a worker before addresses (c25ce36's, on the wire): no ``addresses``, and for
+    evidence the hosts of its assignment's ``hosts`` it was still trying to reach (its ``unreached_hosts``)."""
+    reply = sim.reply(slot)
+    hosts = reply.to_wire().get("hosts") or [] if isinstance(reply, Assignment) else []
+    return RendezvousRequest.from_wire({"last_round": last_round, "reason": reason, "commits": 0, "rolled_back": 0,
+                                        "commit_seq": 0, "holds_commit": True,
+                                        "unreachable": [h for h in hosts if h in cut]})
+
+
+def _started_mixed(hosts: str, older: str, **kwargs) -> Sim:
+    """A job on one-slot ``hosts``, the worker on ``older`` of a version that gives no addresses, its first round
+    formed."""
+    sim = Sim(3, **kwargs)
+    sim.discover({h: 1 for h in hosts.split()})
+    for w in list(sim.job.workers.values()):
+        assert sim.job.registered(w.worker_id, sim.now)
+        if w.slot.host == older:
+            request = _older_request(sim, str(w.slot), 0, "start", ())
+            sim.job.rendezvous(w.worker_id, 0, "start", sim.now, unreachable=request.unreachable,
+                               addresses=request.addresses)
+        else:
+            sim.job.rendezvous(w.worker_id, 0, "start", sim.now, addresses=(_address(sim, w.slot.host),))
+    sim._collect()
+    assert sim.job.round == 1
+    return sim
+
+
+def _mixed_formation_fails(sim: Sim, older: str, cut: dict[str, tuple[str, ...]]) -> None:
+    """As :func:`formation_fails`, each member still trying to reach the hosts ``cut[slot]`` (the side that connects:
+    its peer, which only accepts, says nothing), the worker on host ``older`` speaking as an older worker does."""
+    sim.advance(FORM_DEADLINE_S)
+    for w in [w for w in sim.job.workers.values() if w.alive and w.round == sim.job.round and w.rank is not None]:
+        slot = str(w.slot)
+        if w.slot.host == older:
+            request = _older_request(sim, slot, w.round, "failure", cut.get(slot, ()))
+        else:
+            request = RendezvousRequest.from_wire(RendezvousRequest(
+                w.round, "failure", addresses=(_address(sim, w.slot.host),),
+                unreachable=tuple(_address(sim, h) for h in cut.get(slot, ()))).to_wire())
+        sim.job.rendezvous(w.worker_id, w.round, "failure", sim.now, unreachable=request.unreachable,
+                           addresses=request.addresses)
+    sim._collect()
+    sim.advance(backoff_s(sim.job.rounds.partitions.streak))
+
+
+@pytest.mark.parametrize("hosts, connecting", [
+    ("a b c", "c[0]"),  # hosts by name: only the older worker's own evidence can name the cut
+    ("10.0.0.2 10.0.0.3 10.0.0.4", "10.0.0.3[0]"),  # by IP: the newer worker's names the older's host
+    ("10.0.0.2 10.0.0.3 10.0.0.4", "10.0.0.4[0]"),
+], ids=["names-older-connects", "ips-newer-connects", "ips-older-connects"])
+def test_a_partition_with_an_older_worker_excludes_its_side_as_with_newer_workers(hosts, connecting) -> None:
+    """The two hosts without rank 0 cannot reach each other, one of them runs a worker before addresses (a
+    rollout), and whichever side is left connecting reports: its host is excluded and the job trains on at two
+    (the job used to end: 'round formation failed 5 times')."""
+    a, b, c = hosts.split()
+    sim = _started_mixed(hosts, older=c, min_np=1, **SHORT)
+    assert sim.layout() == [f"{a}[0]", f"{b}[0]", f"{c}[0]"]
+    # Only the older worker is told the round's hosts (what it names its evidence from); a newer one reads none.
+    assert sim.reply(f"{c}[0]").to_wire()["hosts"] == [a, b, c]
+    assert "hosts" not in sim.reply(f"{a}[0]").to_wire() and "hosts" not in sim.reply(f"{b}[0]").to_wire()
+    peer = {f"{b}[0]": c, f"{c}[0]": b}[connecting]
+    for _ in range(EXCLUDE_AFTER):
+        assert sim.outcome is None
+        _mixed_formation_fails(sim, c, {connecting: (peer,)})
+    assert sim.outcome is None, sim.outcome
+    assert isinstance(sim.reply(f"{c}[0]"), ExitOrder) and "partitioned" in sim.reply(f"{c}[0]").reason
+    assert sim.layout() == [f"{a}[0]", f"{b}[0]"] and sim.blocked(f"{c}[0]")
+    assert "hosts" not in sim.reply(f"{b}[0]").to_wire()  # every member gives addresses again: none listed
+
+
+def test_an_older_workers_evidence_by_host_name_is_read_and_bounded() -> None:
+    older = {"last_round": 1, "reason": "failure", "unreachable": ["gpu-b", "10.0.0.3"]}
+    request = RendezvousRequest.from_wire(older)
+    assert request.addresses is None and request.unreachable == ("gpu-b", "10.0.0.3")
+    for bad in ([f"h{i}" for i in range(17)], [""], ["x" * 256], [3], "gpu-b"):
+        with pytest.raises(ControlPlaneError, match="'unreachable' must be a list of at most 16 host names"):
+            RendezvousRequest.from_wire({**older, "unreachable": bad})
+    # A newer worker's (it gives its addresses) still names addresses only.
+    with pytest.raises(ControlPlaneError, match="'unreachable' must be a list of at most 16 IP addresses"):
+        RendezvousRequest.from_wire({**older, "addresses": ["10.0.0.1"]})
+
+
+def test_a_partition_no_one_could_name_next_to_an_older_worker_ends_the_job_naming_the_older_workers_hosts() -> None:
+    """Hosts by name, and only the newer side connecting: its report of the older worker's address names no host
+    (the older worker gives none), so the job ends, and its line says which hosts run an older version."""
+    sim = _started_mixed("a b c", older="c", min_np=1, **SHORT)
+    while sim.outcome is None and sim.now < 3000:
+        _mixed_formation_fails(sim, "c", {"b[0]": ("c",)})
+    failed(sim, "round formation failed 3 times", "hosts a, b, c", "the workers on c run an older cloud-elastic",
+           "firewall")
+    assert "\n" not in sim.outcome.reason

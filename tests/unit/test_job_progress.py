@@ -16,7 +16,7 @@ from tests.unit.test_job import T0, Sim, started
 pytestmark = pytest.mark.timeout(10)
 
 TICK_S = 0.5  # Sim.advance's step
-_LINE = re.compile(r"^job t: below --min-np 2: (\d+) worker\(s\) ready(?: \((\d+) more starting\))? \(waiting for (\d+)s\)$")
+_LINE = re.compile(r"^job t: below --min-np 2: (\d+) worker\(s\) ready(?: \((\d+) more starting\))? \(waiting for (\d+)s\)(?:; held back: .*)?$")
 
 
 def _progress_lines(sim: Sim, caplog: pytest.LogCaptureFixture, until: float) -> list[tuple[float, str]]:
@@ -75,3 +75,20 @@ def test_below_min_np_a_progress_line_says_what_is_missing_and_how_long_the_wait
     assert [(ready, starting, waited) for _, ready, starting, waited in lines] == [(1, 0, 15)], lines
     _check_times(lines, began)
     assert sim.outcome is None
+
+
+def test_the_progress_line_says_why_listed_hosts_take_no_worker(caplog) -> None:
+    # Review s63 rvU finding 8: after every worker left on a notice the wait said "0 worker(s) ready" for minutes,
+    # with free hosts listed, and no word on the notice that held them back until it lapsed.
+    from cloud_elastic.driver.job.hosts import NOTICE_GRACE_S
+    from tests.unit.test_job_fixed_hosts import out_for_good_then_notice
+
+    caplog.set_level(logging.INFO, logger="cloud_elastic")
+    sim = out_for_good_then_notice()  # c[0] out for good, b noticed (deadline 30 s), a[0] alone below --min-np 2
+    noticed_at = sim.now - 5
+    lines = _progress_lines(sim, caplog, sim.now - T0 + PROGRESS_EVERY_S + 1)
+    assert lines, "no progress line"
+    when, line = lines[0]
+    lapses = round(noticed_at + 30 + NOTICE_GRACE_S - (T0 + when))
+    assert line.endswith(f"; held back: b (notice pending, lapses in {lapses}s if still listed), "
+                         "c (1 slot(s) blacklisted for the rest of the job)"), line

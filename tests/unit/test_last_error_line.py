@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from cloud_elastic.driver.job.exit_status import ERROR_SCAN_CHARS, LAST_ERROR_WINDOW_S, ExitStatus, LastErrors
+from cloud_elastic.driver.job.exit_status import ERROR_SCAN_CHARS, LAST_ERROR_WINDOW_S, MAX_LAST_ERROR, ExitStatus, LastErrors
 from tests.unit.test_job import Sim
 from tests.unit.test_unreachable_driver import LINE, launched
 
@@ -138,3 +138,27 @@ def test_the_workers_own_unreachable_line_wins_over_other_lines(code: int) -> No
     described = f"exited with code {code}" if code > 0 else f"killed by signal {-code}"
     assert reason.endswith(f"(not yet ranked) {described}: {LINE}"), reason
     assert "ValueError" not in reason and "RuntimeError" not in reason
+
+
+#: torch 2.13's line for ``init_process_group()`` (``env://``) without torchrun's variables.
+TORCH_ENV_LINE = ("ValueError: Error initializing torch.distributed using env:// rendezvous: environment variable RANK "
+                  "expected, but not set")
+HINT = " (a torchrun script? cloud-elastic sets no RANK or WORLD_SIZE: port it to cloud_elastic.torch, docs/torchrun.md)"
+
+
+@pytest.mark.parametrize("line", [TORCH_ENV_LINE, "KeyError: 'LOCAL_RANK'", "KeyError: 'WORLD_SIZE'"])
+def test_a_torchrun_scripts_last_line_says_what_to_change(line: str) -> None:
+    """Review s63 rvU finding 6: an unported torchrun script ended the job with torch's line alone (``RANK expected,
+    but not set``), which names the symptom, not the change: it now names the port and its page, within the bound."""
+    last = LastErrors(_Clock())
+    last.offer("w", "  " + line)
+    described = last.attach("w", ExitStatus(1))[0].describe
+    assert described == f"exited with code 1 after printing: {line}{HINT}"
+    assert len(line + HINT) <= MAX_LAST_ERROR
+
+
+@pytest.mark.parametrize("line", ["KeyError: 'RANKING'", "KeyError: 'lr'", "ValueError: RANK expected"])
+def test_other_errors_get_no_torchrun_hint(line: str) -> None:
+    last = LastErrors(_Clock())
+    last.offer("w", line)
+    assert last.attach("w", ExitStatus(1))[0].last_error == line

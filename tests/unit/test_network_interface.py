@@ -52,3 +52,25 @@ def test_a_script_line_that_mentions_the_flag_is_not_taken_for_the_workers_reaso
     assert said_own_reason("epoch 3: --network-interface 'eht0': ...") is None
     assert said_own_reason("cloud-elastic: worker a[0]#1: cannot reach the driver at 1.2.3.4:5 for 9s (x): check") \
         == "cannot reach the driver at 1.2.3.4:5 for 9s (x): check"
+
+
+def test_a_gloo_worker_whose_host_name_does_not_resolve_exits_1_with_one_line_the_driver_takes(capsys) -> None:
+    # Gloo binds to what the host's name resolves to: a name only the driver knows (its ~/.ssh/config) failed every
+    # round "Cannot resolve ..." for --elastic-timeout, and the end line blamed the firewall (review s63 rvU 3).
+    exit_if_missing(None, "h[0]#1", "localhost", gloo=True)
+    exit_if_missing(None, "h[0]#1", "no-such-host.invalid", gloo=False)  # NCCL binds no host name
+    exit_if_missing(HAS, "h[0]#1", "no-such-host.invalid", gloo=True)  # Gloo binds the interface's address
+    assert capsys.readouterr().err == ""
+    with pytest.raises(SystemExit) as info:
+        exit_if_missing(None, "gpu1[0]#3", "no-such-host.invalid", gloo=True)
+    assert info.value.code == 1
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith("cloud-elastic: worker gpu1[0]#3: host name 'no-such-host.invalid' does not resolve on "
+                           "that host (")
+    reason = said_own_reason(line)
+    assert reason is not None and reason.startswith("host name 'no-such-host.invalid' does not resolve")
+    assert reason.endswith("name the host by its IP address, or give --network-interface")
+    errors = LastErrors(clock=lambda: 0.0)
+    errors.offer("gpu1[0]#3", line)
+    assert errors.attach("gpu1[0]#3", ExitStatus(1)) == (ExitStatus(1), reason)
+    assert said_own_reason("epoch 3: host name 'x' does not resolve on that host") is None

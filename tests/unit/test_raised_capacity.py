@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from cloud_elastic.checkpoint.alive import DriverAlive, read_driver_alive, write_driver_alive
+from cloud_elastic.checkpoint.alive import ALIVE_RECORD, DriverAlive, read_driver_alive, write_driver_alive
 from cloud_elastic.config import JobConfig
 from cloud_elastic.cost import CostSoFar
 from cloud_elastic.driver.restart.predecessor import open_store, plan_start
@@ -27,7 +27,8 @@ from cloud_elastic.providers.sources import SourceSpec
 
 pytestmark = pytest.mark.timeout(60)
 
-_COST = CostSoFar(12.5, 9.75, 0.0, (("od", 9.4), ("spot", 3.1)))  # what a crashed driver's meter last said
+#: What a crashed driver's meter last said: 1.25 of its slot-hours were free slots of a fallback host it raised.
+_COST = CostSoFar(12.5, 9.75, 0.0, (("od", 9.4), ("spot", 3.1)), idle_slot_hours=1.25)
 
 
 class Groups(HostDiscovery):
@@ -77,7 +78,7 @@ def test_a_driver_stopped_while_it_waits_out_its_predecessor_lowers_none_of_its_
 
 class StopsAtFind(Groups):
     """Groups whose first discovery call stops the driver, as a Ctrl-C then would (no timer to race); with
-    ``taken_over``, its first call once the driver took the job over (it holds no raised group of its
+    ``taken_over``, its first call once the driver took the job over (it holds no raised group nor cost of its
     predecessor's apart any more)."""
 
     def __init__(self, taken_over: bool) -> None:
@@ -85,14 +86,28 @@ class StopsAtFind(Groups):
         self.taken_over, self.driver = taken_over, None
 
     def find(self) -> DiscoveredHosts:
-        if not self.taken_over or not self.driver._carried:
+        if not self.taken_over or not self.driver._carried and self.driver._carried_cost is None:
             self.driver.stop("interrupted", 130)
         return super().find()
 
 
-def _after_a_crash(tmp_path, monkeypatch, taken_over: bool, **options):
+def _after_a_crash(tmp_path, monkeypatch, taken_over: bool, forged: dict | None = None, raised_as=None, **options):
     """A driver started for job j1 an hour after its driver crashed (its workers' grace long over) having spent
-    ``_COST`` with the on-demand group raised; the new driver is stopped as :class:`StopsAtFind` says."""
+    ``_COST`` (with ``forged`` over its figures) with the on-demand group raised (``raised_as``: its ``raised``
+    as stored instead); the new driver is stopped as :class:`StopsAtFind` says, and returns the store and the
+    capacity calls it made."""
+    config, store = _crashed(tmp_path, monkeypatch, **options)
+    path = tmp_path / "ckpt" / ALIVE_RECORD
+    entry = json.loads(path.read_text())
+    entry["cost"].update(forged or {})
+    entry["raised"] = entry["raised"] if raised_as is None else raised_as
+    path.write_text(json.dumps(entry))
+    return store, _restarted(config, taken_over).calls
+
+
+def _crashed(tmp_path, monkeypatch, **options):
+    """(config, store) of job j1, whose driver on another machine crashed an hour ago having spent ``_COST`` with
+    the on-demand group raised."""
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
     config = JobConfig(command=("python", "train.py"), num_proc=1, min_np=1, max_np=1,
                        checkpoint_dir=str(tmp_path / "ckpt"), manage_capacity=True, driver_grace_s=60.0,
@@ -101,28 +116,106 @@ def _after_a_crash(tmp_path, monkeypatch, taken_over: bool, **options):
     plan_start(config, store, job_id="j1")
     write_driver_alive(store, DriverAlive("j1", time.time() - 3600, 60.0, "other-vm", 4242, raised=(("od", 2),),
                                           cost=_COST))
+    return config, store
+
+
+def _restarted(config: JobConfig, taken_over: bool) -> StopsAtFind:
+    """The driver started again for the job, stopped as :class:`StopsAtFind` says (exit code 130)."""
     groups = StopsAtFind(taken_over)
     groups.driver = Driver(config, groups, job_id="j2")
     assert groups.driver.run().exit_code == 130
-    return store
+    return groups
 
 
 def test_a_driver_that_takes_the_job_over_reports_its_predecessors_cost_with_its_own(tmp_path, monkeypatch, caplog):
     caplog.set_level(logging.INFO)
     events = tmp_path / "events.jsonl"
-    store = _after_a_crash(tmp_path, monkeypatch, taken_over=True, events_file=str(events))
-    assert "job j1: cost so far carried from the previous driver: $12.50 for 9.750 slot-hour(s), up to its last " \
-           "sign of life at " in caplog.text
+    store, _ = _after_a_crash(tmp_path, monkeypatch, taken_over=True, events_file=str(events))
+    assert "job j1: cost so far carried from the previous driver: $12.50 for 9.750 slot-hour(s) (1.250 of them on " \
+           "hosts of a fallback group the job raised that ran no worker there), up to its last sign of life at " \
+           in caplog.text
     assert "job j1: cost $12.50 for 9.750 slot-hour(s)" in caplog.text  # the end line: no worker ran since
+    assert "; 1.250 of the slot-hour(s) were on hosts of a fallback group the job raised" in caplog.text
     written = [json.loads(line) for line in events.read_text().splitlines()]
-    assert [e["dollars"] for e in written if e["event"] == "cost"][-1] == 12.5  # one at the takeover, at least
-    assert [e["cost"] for e in written if e["event"] == "job_finished"] == [12.5]
+    costs = [(e["dollars"], e["slot_hours"], e["idle_slot_hours"]) for e in written if e["event"] == "cost"]
+    assert costs[-1] == (12.5, 9.75, 1.25)  # one at the takeover, at least
+    assert [(e["cost"], e["idle_slot_hours"]) for e in written if e["event"] == "job_finished"] == [(12.5, 1.25)]
     last = read_driver_alive(store)  # its own sign of life, for a driver after it (had it crashed)
     assert last.is_this_process() and last.cost == _COST
 
 
+@pytest.mark.parametrize("forged", [{"idle_slot_hours": 1e300}, {"idle_slot_hours": float("nan")},
+                                    {"idle_slot_hours": -1.0}, {"idle_slot_hours": 10.0},  # > the 9.75 slot-hours
+                                    {"dollars": -1}, {"by_source": [1]}])
+def test_a_forged_figure_in_the_predecessors_cost_is_refused_in_one_line_and_its_raised_group_still_lowered(
+        tmp_path, monkeypatch, caplog, forged):
+    """fixI2: the cost out of bounds made the whole sign of life unreadable, and the group it said was raised
+    (paid for) was left raised: no driver would set it back to 0."""
+    caplog.set_level(logging.INFO)
+    _, calls = _after_a_crash(tmp_path, monkeypatch, taken_over=True, forged=forged)
+    refused = [r.getMessage() for r in caplog.records if "cost so far is refused" in r.getMessage()]
+    assert len(refused) == 1 and "\n" not in refused[0] and len(refused[0]) < 500, refused
+    assert str(tmp_path / "ckpt" / ALIVE_RECORD) in refused[0] and "counted again from $0" in refused[0]
+    assert "cost so far carried" not in caplog.text  # nothing of the refused cost is taken for the job's
+    assert "job j1: cost $0.00 for 0.000 slot-hour(s)" in caplog.text
+    # Taken over, and set back to 0 at the end (the driver may have raised it itself first: it has no host).
+    assert "the previous driver raised host source 'od' to 2" in caplog.text and calls[-1] == ("od", 0)
+
+
+@pytest.mark.parametrize("raised_as", [[["od", 2]], {"od": 2, "spot": -3}, {"od": 1e9}])
+def test_raised_groups_out_of_bounds_are_named_in_one_line_for_the_operator_and_the_cost_still_carried(
+        tmp_path, monkeypatch, caplog, raised_as):
+    """fixI2, the reverse: a ``raised`` out of bounds lost a good cost. The groups refused stay as they are (which
+    ones the job raised is not known for sure): one WARNING names the file, for an operator to lower them."""
+    caplog.set_level(logging.INFO)
+    store, calls = _after_a_crash(tmp_path, monkeypatch, taken_over=True, raised_as=raised_as)
+    refused = [r for r in caplog.records if "which host groups the previous driver raised is refused" in r.getMessage()]
+    assert len(refused) == 1 and refused[0].levelno == logging.WARNING, caplog.text
+    line = refused[0].getMessage()
+    assert str(tmp_path / "ckpt" / ALIVE_RECORD) in line and "set it to 0 yourself" in line and "\n" not in line
+    assert ("'spot' the capacity -3" in line) == ("spot" in raised_as)
+    assert "cost so far carried from the previous driver: $12.50" in caplog.text
+    # Only a group the entry gave well is taken over (then set back to 0 at the end); none is set for the operator.
+    kept = isinstance(raised_as, dict) and raised_as.get("od") == 2
+    assert ("the previous driver raised host source 'od' to 2" in caplog.text) == kept
+    assert all(source == "od" for source, _ in calls) and (calls[-1:] == [("od", 0)] if kept else True)
+    assert read_driver_alive(store).cost == _COST  # its own sign of life goes on from the carried cost
+
+
+@pytest.mark.parametrize("text", ['{"format": "cloud-elastic-checkpoint", "job_id": "j1", "raised": {"od": 2', "[]",
+                                  '{"format": "cloud-elastic-checkpoint", "job_id": "j1", "host": "other-vm", "pid": 7, '
+                                  '"alive": 1, "grace_s": NaN, "raised": {"od": 2}}'])
+def test_a_sign_of_life_that_cannot_be_read_at_all_asks_the_operator_to_lower_any_group_it_raised(
+        tmp_path, monkeypatch, caplog, text):
+    """fixI2: the driver cannot know which groups its predecessor raised; it says so in one line naming the file,
+    sets none back, and runs."""
+    config, _ = _crashed(tmp_path, monkeypatch)
+    (tmp_path / "ckpt" / ALIVE_RECORD).write_text(text)
+    _restarted(config, taken_over=True)
+    [line] = [r.getMessage() for r in caplog.records if "is unreadable" in r.getMessage()]
+    assert line.startswith(f"job j1: {tmp_path / 'ckpt' / ALIVE_RECORD} is unreadable: ") and "\n" not in line
+    assert "the host groups the previous driver raised (--manage-capacity), if any, are not known" in line
+    assert "set it to 0 yourself once nothing needs it" in line
+    assert "the previous driver raised host source" not in caplog.text
+
+
+def test_a_driver_killed_while_it_waited_leaves_its_predecessors_raised_group_and_cost_to_the_next(
+        tmp_path, monkeypatch, caplog):
+    """fixI2: driver B, restarted on another machine after A crashed with a group raised, claimed the job and was
+    killed in its wait, before its first sign of life: its claim, newer than A's entry, was taken for the last
+    sign of life, and it says no group: driver C never set A's group back to 0 (paid for after the job)."""
+    from cloud_elastic.checkpoint.claims import claim
+
+    caplog.set_level(logging.INFO)
+    config, store = _crashed(tmp_path, monkeypatch)  # driver A's sign of life
+    assert claim(store, 1, DriverAlive("j1", time.time() - 3000, 60.0, "vm-b", 777)) is None  # driver B's
+    groups = _restarted(config, taken_over=True)
+    assert "the previous driver raised host source 'od' to 2" in caplog.text and groups.calls[-1] == ("od", 0)
+    assert "cost so far carried from the previous driver: $12.50" in caplog.text
+
+
 def test_a_driver_stopped_before_it_takes_the_job_over_carries_its_predecessors_cost_forward(tmp_path, monkeypatch):
-    store = _after_a_crash(tmp_path, monkeypatch, taken_over=False)  # Ctrl-C during its first discovery call
+    store, _ = _after_a_crash(tmp_path, monkeypatch, taken_over=False)  # Ctrl-C during its first discovery call
     last = read_driver_alive(store)
     assert last.is_this_process()
     assert (last.cost, last.raised) == (_COST, (("od", 2),))  # its own sign of life says both, as they were

@@ -52,6 +52,10 @@ def test_the_raised_fallback_hosts_no_worker_uses_are_in_the_cost_and_a_warning_
     assert end.fields["cost"] == pytest.approx(1.5, rel=1e-3)
     assert end.fields["idle_slot_hours"] == pytest.approx(0.2, rel=1e-3)
     assert "0.200 of the slot-hour(s) were on hosts of a fallback group the job raised" in end.line, end.line
+    # A job on the fallback alone holds -np slots at 4.0 (0.4 slot-hours: $1.60), not the hosts this one raised
+    # and left idle (review s63 rvX F5: it said $2.40, so the saving shown was $0.90 where it is $0.10).
+    assert end.fields["cost_fallback_only"] == pytest.approx(1.6, rel=1e-3)
+    assert "the same slot-hours on the fallback alone: $1.60" in end.line, end.line
 
 
 def test_once_the_group_is_set_back_its_hosts_are_no_longer_charged():

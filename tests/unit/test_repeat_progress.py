@@ -13,6 +13,8 @@ restores (review s62 rvR findings 1 and 2: the job's count of states never seen 
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -493,6 +495,21 @@ def test_the_fingerprint_rides_on_heartbeats_rendezvous_and_checkpoint_loads() -
     old = PollRequest(1, 0, 0).to_wire()
     del old["trained"]  # an older worker
     assert PollRequest.from_wire(old).trained == ""
+
+
+def test_a_marked_fingerprint_reaches_a_driver_older_than_the_mark_in_a_form_it_reads() -> None:
+    """Drivers before the mark (1b9d50f) refused any ``trained`` but hex digits or '-': a newer worker's marked
+    heartbeats and rendezvous requests were refused ('malformed poll request: ... got '+79e8...''), and a worker
+    whose every report carried it would have gone silent for them. The mark rides in a field of its own."""
+    older_driver_reads = re.compile(r"[0-9a-f]{1,16}|-").fullmatch  # their fingerprint_field, for a non-empty one
+    for wire in (PollRequest(1, 0, 0, 3, 3, trained=marked(2)).to_wire(),
+                 RendezvousRequest(1, "failure", 3, 0, 3, trained=marked(2)).to_wire()):
+        assert older_driver_reads(wire["trained"]) and wire["trained"] == fp(2)
+    assert PollRequest.from_wire(PollRequest(1, 0, 0, trained=marked(2)).to_wire()).trained == marked(2)
+    assert PollRequest.from_wire(PollRequest(1, 0, 0, trained=fp(2)).to_wire()).trained == fp(2)
+    assert PollRequest.from_wire(PollRequest(1, 0, 0, trained=UNTOLD).to_wire()).trained == UNTOLD
+    # The mark as workers wrote it for a while (in the fingerprint) still reads the same.
+    assert PollRequest.from_wire({**PollRequest(1, 0, 0).to_wire(), "trained": marked(2)}).trained == marked(2)
 
 
 @pytest.mark.parametrize("forged", ["0" * 17, "+" + "0" * 17, "+", "++ab", "XYZ", "12 4", 5, ["ab"], True],

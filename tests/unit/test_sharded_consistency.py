@@ -210,6 +210,7 @@ def test_the_membership_flag_is_agreed_once_per_step_across_hosts_and_once_per_c
         tensors[0].add_(1.0)  # another worker's flag: the driver asked it for a membership change
 
     monkeypatch.setattr(ctx, "standalone", False)
+    monkeypatch.setattr(ctx, "elastic_entered", True)  # a job's commits are made inside hvd.elastic.run
     monkeypatch.setattr(ctx, "info", SimpleNamespace(size=4, rank=0, cross_size=cross_size, round=0, update_gen=0))
     monkeypatch.setattr(ctx, "group", lambda what: agreed.append(what) or SimpleNamespace(allreduce=peer_pending))
     monkeypatch.setattr(ctx, "cross_group", lambda what: SimpleNamespace(allreduce=lambda tensors: None))

@@ -112,7 +112,7 @@ def _second_entry_over_the_first(md) -> None:
 
 
 def _item_named(name: str):
-    """One more item, a non-tensor one (no storage entry needed), named ``name``: review rvH2's forgery."""
+    """One more item, a non-tensor one without a storage entry, named ``name``: review rvH2's forgery."""
     def tamper(md):
         md["items"][name] = {"kind": "bytes"}
     return tamper
@@ -130,11 +130,13 @@ def _item_named(name: str):
     (_item_named("model" + ".a" * MAX_NAME_PARTS), None, "its name has 257 parts, over the 256 an item's may have"),
     (_item_named("model.0." + "a" * (MAX_NAME - 7)), None,
      "its name has 4,097 characters, over the 4,096 an item's may have"),
+    # Before: "does not fit this training state" (another model), and the job stopped.
+    (_item_named("model.extra"), None, "item 'model.extra': a non-tensor item without a storage entry"),
     # The manifest lies about the shard file's size too: the store compares it with the storage's first.
     (_claim(_LAST, [2 ** 40], [[[0], [2 ** 40]]], length=2 ** 42), {"__0_0.distcp": 2 ** 43},
      "its shard files __0_0.distcp are missing or not the size its manifest says"),
 ], ids=["claims 4 TB", "overlap", "outside", "gap", "entries overlap", "entry past the end", "65 dimensions",
-         "257 name parts", "4,097-character name", "manifest lies too"])
+         "257 name parts", "4,097-character name", "an item without bytes", "manifest lies too"])
 def test_forged_dcp_metadata_falls_back_to_the_previous_checkpoint_in_one_line_without_allocating_it(
         tmp_path, caplog, tamper, files, reason):
     at_2, newest, _ = _two_checkpoints(tmp_path)

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import io
 import math
+import subprocess
+import sys
 import zipfile
 from types import SimpleNamespace
 
@@ -121,8 +123,128 @@ def test_the_legacy_format_whose_header_sizes_the_storages_is_refused():
 def test_a_view_repeating_one_stored_element_cannot_stand_for_a_huge_tensor():
     message = _saved({"t": torch.zeros(1).expand(2 ** 29)})  # 2 GiB once copied, 4 bytes on the wire
     assert len(message) < 10_000
-    with pytest.raises(statecodec.StateSyncError, match=r"^x: received state has a tensor of shape \[536870912\]"):
+    with pytest.raises(statecodec.StateSyncError, match=r"^x: received state holds a tensor of shape \[536870912\] and "
+                                                        r"strides \[0\], 2,147,483,648 bytes of elements over 4 bytes"):
         statecodec.decode(message, "x")
+
+
+def _archive(pickle: bytes) -> bytes:
+    """A torch.save archive whose pickle is ``pickle``, hand-written opcodes (as a faulty or hostile rank 0 sends)."""
+    original, out = zipfile.ZipFile(io.BytesIO(_saved([torch.zeros(1)]))), io.BytesIO()
+    with zipfile.ZipFile(out, "w") as forged:
+        for record in original.infolist():
+            forged.writestr(record.filename, pickle if record.filename.endswith("data.pkl") else original.read(record))
+    return out.getvalue()
+
+
+def _put(i: int) -> bytes:
+    return b"r" + i.to_bytes(4, "little")  # LONG_BINPUT
+
+
+def _get(i: int) -> bytes:
+    return b"j" + i.to_bytes(4, "little")  # LONG_BINGET
+
+
+def _tuples_doubled(levels: int) -> bytes:
+    """``{t: 1}`` where t = (t', t') at each of ``levels`` levels: 2**levels leaves in 12 bytes a level, hashed as
+    the dict is built."""
+    return b"\x80\x02}" + b")" + _put(0) + b"".join(_get(i) + b"\x86" + _put(i + 1) for i in range(levels)) + b"K\x01s."
+
+
+def _lists_doubled(levels: int) -> bytes:
+    """l = [l', l'] at each of ``levels`` levels (the unpickler has no POP: each level stays on its stack)."""
+    body = b"".join(b"]" + _put(i + 1) + b"(" + _get(i) + _get(i) + b"e" for i in range(levels))
+    return b"\x80\x02]" + _put(0) + body + b"."
+
+
+_HOSTILE = {  # each a small message; before, each passed decode, and what it built ran out of time or memory later
+    "lists referring to their parts twice, 60 levels": (lambda: _archive(_lists_doubled(60)),
+                                                        r"would take more than [\d,]+ bytes to copy"),
+    "lists nested 100,000 deep": (lambda: _archive(b"\x80\x02" + b"]" * 100_000 + b"a" * 99_999 + b"."),
+                                  r"nests containers more than 256 deep \(at \[0\]\[0\]"),
+    "a list inside itself": (lambda: _archive(b"\x80\x02]" + _put(0) + _get(0) + b"a."),
+                             r"holds a container inside itself \(at \[0\]\)"),
+    "1,000 views of one stored element, 1 GiB each": (lambda: _saved([torch.zeros(1).expand(2 ** 28)
+                                                                      for _ in range(1000)]),
+                                                      r"holds a tensor of shape \[268435456\] and strides \[0\]"),
+}
+
+
+@pytest.mark.parametrize("hostile", list(_HOSTILE), ids=list(_HOSTILE))
+def test_a_message_whose_value_would_outgrow_its_size_is_refused_in_one_line(hostile):
+    build, why = _HOSTILE[hostile]
+    message = build()
+    assert len(message) < 300_000
+    refused = rf"^state attributes: received state {why}.*: corrupt or forged$"
+    with pytest.raises(statecodec.StateSyncError, match=refused) as info:
+        statecodec.decode(message, "state attributes")
+    _one_line(info)
+
+
+_TUPLE_KEYS = {  # hashed in C as the unpickler builds the dict, out of reach of pytest-timeout: in a child process
+    "nested a million deep": (b"\x80\x02})" + b"\x85" * 1_000_000 + b"K\x01s.",  # before: SIGSEGV (the C stack)
+                              "nests tuples more than 256 deep"),
+    "referring to its parts twice, 60 levels": (_tuples_doubled(60),  # before: 2**60 steps, 1.5 kB on the wire
+                                                "refers to tuples that expand to more than 1,053,960 elements, the "
+                                                "same ones referenced over and over"),
+}
+
+
+def test_a_tuple_key_whose_hash_never_ends_is_refused_before_the_load(tmp_path):
+    """In a received state, and in a checkpoint's state.pt (the same check: ``torch_archive.stored_records``)."""
+    for index, (pickle, _) in enumerate(_TUPLE_KEYS.values()):
+        (tmp_path / str(index)).write_bytes(_archive(pickle))
+    code = ("import pathlib, sys\n"
+            "from cloud_elastic.checkpoint import safety\n"
+            "from cloud_elastic.worker.comm import statecodec\n"
+            "for path in sys.argv[1:]:\n"
+            "    data = pathlib.Path(path).read_bytes()\n"
+            "    try: statecodec.decode(data, 'state attributes')\n"
+            "    except statecodec.StateSyncError as exc: print(exc, flush=True)\n"
+            "    try: safety.safe_load(data, 'state.pt')\n"
+            "    except safety.Unusable as exc: print(exc, flush=True)")
+    paths = [str(tmp_path / str(index)) for index in range(len(_TUPLE_KEYS))]
+    done = subprocess.run([sys.executable, "-c", code, *paths], capture_output=True, text=True, timeout=30)
+    expected = [line for _, why in _TUPLE_KEYS.values() for line in (
+        f"state attributes: received state {why}: corrupt or forged", f"its state.pt {why}: not loaded")]
+    assert (done.returncode, done.stdout.splitlines()) == (0, expected), done.stderr[-2000:]
+
+
+def test_legitimate_states_sync_as_they_are_shared_tensors_kept_shared():
+    """What a sync's small parts hold in real jobs: tied and shared tensors, views of one storage, nested optimizer
+    states (the betas tuple every parameter group shares), LR schedulers (a SequentialLR nests others), a GradScaler,
+    numpy values, sets, and containers nested 200 deep."""
+    import numpy as np
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4))
+    model[1].weight = model[0].weight  # tied weights
+    opt = torch.optim.Adam([{"params": model[0].parameters()}, {"params": model[1].bias, "lr": 0.01}], lr=0.1)
+    for p in model.parameters():  # as after a step (the first step() call itself costs seconds)
+        opt.state[p] = {"step": torch.tensor(1.0), "exp_avg": torch.randn_like(p), "exp_avg_sq": torch.rand_like(p)}
+    first = torch.optim.lr_scheduler.LinearLR(opt, start_factor=0.5, total_iters=2)
+    sequential = torch.optim.lr_scheduler.SequentialLR(
+        opt, [first, torch.optim.lr_scheduler.StepLR(opt, step_size=3)], milestones=[2])
+    shared, base = torch.arange(6.0), torch.ones(3, 4)
+    nested: list = [1]
+    for _ in range(199):
+        nested = [nested]
+    state = {"tied": [shared, shared, {"again": shared}], "views": [base, base.t(), base[1:]],
+             "model": model.state_dict(), "optimizer": opt.state_dict(), "scheduler": sequential.state_dict(),
+             "scaler": torch.amp.GradScaler("cpu").state_dict(), "loss": np.float32(0.25), "seen": {1, 2},
+             "frozen": frozenset({"a"}), "betas": (0.9, 0.999), "nested": nested}
+    got = statecodec.decode(statecodec.encode(state, "state attributes"), "state attributes")
+    assert got["tied"][0] is got["tied"][1] is got["tied"][2]["again"]
+    assert got["views"][1].untyped_storage().data_ptr() == got["views"][0].untyped_storage().data_ptr()
+    assert torch.equal(got["views"][1], base.t()) and torch.equal(got["views"][2], base[1:])
+    assert got["optimizer"]["param_groups"][0]["betas"] == (0.9, 0.999)
+    for key in ("model", "optimizer", "scheduler", "scaler", "seen", "frozen", "nested"):
+        assert repr(got[key]) == repr(state[key]), key
+    assert type(got["loss"]) is np.float32 and got["loss"] == np.float32(0.25)
+    restored = torch.optim.lr_scheduler.SequentialLR(
+        opt, [torch.optim.lr_scheduler.LinearLR(opt, start_factor=0.5, total_iters=2),
+              torch.optim.lr_scheduler.StepLR(opt, step_size=3)], milestones=[2])
+    restored.load_state_dict(got["scheduler"])
+    assert restored.state_dict()["_schedulers"] == sequential.state_dict()["_schedulers"]
 
 
 # --- optimizer-state skeletons: shapes from rank 0, allocated by the receiver ---

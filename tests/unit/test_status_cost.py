@@ -62,3 +62,19 @@ def test_a_worker_that_connected_and_sets_up_is_told_apart_from_one_still_starti
     reply = StatusReply.from_json(status_reply(sim.job, config, provider="static", now=sim.now, wall_now=sim.now,
                                                uptime_s=10).to_json())
     assert "[0] setting up" in render_status(reply, now=sim.now)
+
+
+def test_status_says_how_many_of_the_slot_hours_were_free_slots_of_the_fallback_hosts_the_job_raised():
+    """fixI: the dollars of ``status`` held the idle raised hosts (driver.job.paid), but neither its JSON nor its
+    line said so, as the end line and the events do."""
+    from tests.unit.test_raised_idle_cost import started_with_idle_fallback_hosts
+
+    sim = started_with_idle_fallback_hosts()
+    sim.advance(360)  # od1 and od2 idle for a tenth of an hour, 6 slots in all
+    config = JobConfig(command=("python", "t.py"), num_proc=4, min_np=2, max_np=4)
+    reply = StatusReply.from_json(status_reply(sim.job, config, provider="aws", now=sim.now, wall_now=sim.now,
+                                               uptime_s=360).to_json())
+    assert reply.cost_slot_hours == pytest.approx(0.6, rel=1e-3)
+    assert reply.cost_idle_slot_hours == pytest.approx(0.2, rel=1e-3)
+    assert "cost $1.50 so far, $15.00/h now; 0.2 of its 0.6 slot-hour(s) on hosts of a fallback group the job " \
+           "raised that ran no worker there" in render_status(reply, now=sim.now)

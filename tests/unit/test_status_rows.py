@@ -43,3 +43,18 @@ def test_past_the_worker_rows_the_rounds_members_are_listed_by_rank_and_the_rest
     ranks = [w.rank for h in reply.hosts for w in h.workers]
     assert sorted(ranks) == list(range(MAX_WORKER_ROWS)) and reply.workers_omitted == 4
     assert "... and 4 more workers, not listed" in render_status(reply, now=sim.now)
+
+
+def test_a_host_whose_workers_are_all_past_the_worker_rows_is_not_shown_idle():
+    # Review s63 rvX F6: 300 one-slot hosts; the 44 hosts of the workers past the 256 rows were listed with "-"
+    # among the idle ready hosts, although each ran a worker of the round.
+    np = MAX_WORKER_ROWS + 44
+    sim = started(np, {f"h{i:03d}": 1 for i in range(np)})
+    reply = _status(sim, np)
+    assert reply.workers_omitted == 44 and len(reply.hosts) == np
+    cut = [h for h in reply.hosts if not h.workers]
+    assert len(cut) == 44 and all(h.workers_unlisted == 1 for h in cut)
+    text = render_status(reply, now=sim.now)
+    rows = [line for line in text.splitlines() if line.startswith("h")]
+    assert len(rows) == np and not [r for r in rows if r.rstrip().endswith("-")], rows
+    assert sum("1 worker(s) not listed" in r for r in rows) == 44

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from cloud_elastic.errors import ControlPlaneError
-from cloud_elastic.protocol_reports import ExitingReport
+from cloud_elastic.protocol_reports import MAX_ERROR_LINE, ExitingReport
 from cloud_elastic.worker.link import driver_link
 from cloud_elastic.worker.link.driver_link import DriverLinkMixin
 
@@ -80,7 +80,7 @@ def test_an_exiting_report_round_trips_and_a_malformed_one_names_the_field() -> 
     report = ExitingReport(1, "RuntimeError: x")
     assert ExitingReport.from_wire(report.to_wire()) == report
     assert ExitingReport.from_wire({}) == ExitingReport(None)  # an older worker says nothing
-    assert len(ExitingReport.from_wire({"code": 1, "error": "x" * 10_000}).error) == 300
+    assert len(ExitingReport.from_wire({"code": 1, "error": "x" * 10_000}).error) == MAX_ERROR_LINE
     for bad in ({"code": "1"}, {"code": True}, {"code": 1 << 40}):
         with pytest.raises(ControlPlaneError, match="'code'"):
             ExitingReport.from_wire(bad)

@@ -36,6 +36,8 @@ class Policy:
     finish_timeout_s: float | None = None
     #: A durable checkpoint can bring the state back when no worker holds it.
     checkpointing: bool = False
+    #: ``--checkpoint-interval``: how often rank 0 checkpoints (with ``checkpointing``; see :mod:`.no_commit`).
+    checkpoint_interval_s: float = 300.0
     #: A draining host's workers still in their round this long before its deadline are removed by force.
     deadline_margin_s: float = 5.0
     #: A round in which no member makes progress this long is aborted (``--progress-timeout``; 0: never).

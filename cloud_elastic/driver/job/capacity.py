@@ -36,12 +36,13 @@ line every :data:`PROGRESS_EVERY_S` saying how long it has lasted.
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Mapping
 
 from cloud_elastic.driver.job.actions import Launch, Phase
 from cloud_elastic.driver.job.finishing import finishing_hold
-from cloud_elastic.driver.job.hosts import HostManager, Slot
+from cloud_elastic.driver.job.hosts import HostManager, Slot, blocked_for, some_hosts
 from cloud_elastic.driver.job.plan import whole_host_groups
 from cloud_elastic.driver.job.sourcing import Sourcing
 from cloud_elastic.driver.job.spares import doubtful, launch_room
@@ -225,7 +226,8 @@ class Capacity:
             log.warning("job %s: %d worker(s) %s, below --min-np %d; waiting up to %gs%s for more", job.job_id,
                         counted, what, policy.min_np, round(wait), limit)
         else:
-            self._progress(now, "min_np", f"below --min-np {policy.min_np}: {counted} worker(s) {what}")
+            self._progress(now, "min_np", f"below --min-np {policy.min_np}: {counted} worker(s) {what}",
+                           lambda: self._held_back(now))
         if failed_start:
             if now - self.started_at > policy.start_timeout_s:  # rather than relaunching the failing slots for good
                 who = "no worker" if counted == 0 else f"only {counted} of --min-np {policy.min_np} worker(s)"
@@ -313,14 +315,43 @@ class Capacity:
         return (bool(job.last_failure) and job.round == 0 and (not job.state_committed or job.resumed)
                 and self.started_at is not None)
 
-    def _progress(self, now: float, key: str, what: str) -> None:
-        """A progress line for a long wait, every PROGRESS_EVERY_S, saying how long it has lasted."""
+    def _held_back(self, now: float) -> str:
+        """Why listed hosts take no new worker, for the wait's progress line ('' for none): a notice pending, a
+        drain by hand, a soft notice, slots cooling down. After every worker left on a notice, the wait said nothing
+        of it for minutes (review s63 rvU finding 8)."""
+        hosts = self._job.hosts
+        why: dict[str, str] = {}
+        for host in hosts.draining:
+            lapses = hosts.notice_lapses_in(host, now)
+            if host in hosts.held:
+                why[host] = "drained by hand"
+            elif lapses is not None:
+                why[host] = f"notice pending, lapses in {lapses:.0f}s if still listed"
+        for host in hosts.ready:
+            if host in hosts.soft or host in hosts.provider_soft:
+                why[host] = "soft notice"
+        cooling: dict[str, list[float]] = {}
+        for slot, left, _ in hosts.blacklist.blocked_slots(now):
+            cooling.setdefault(slot.host, []).append(left)
+        for slot, _ in hosts.blacklist.for_good_slots():
+            cooling.setdefault(slot.host, []).append(math.inf)
+        for host, lefts in cooling.items():
+            if host in hosts.ready and host not in why:
+                why[host] = f"{len(lefts)} slot(s) blacklisted {blocked_for(max(lefts))}"
+        if not why:
+            return ""
+        ordered = sorted(why.items(), key=lambda item: hosts.order_of(item[0]))
+        return "; held back: " + some_hosts([f"{host} ({reason})" for host, reason in ordered])
+
+    def _progress(self, now: float, key: str, what: str, why: Callable[[], str] = lambda: "") -> None:
+        """A progress line for a long wait, every PROGRESS_EVERY_S, saying how long it has lasted, then ``why()``
+        (asked only when the line is due)."""
         since, last = self._waits.get(key, (now, now))
         if key not in self._waits:
             self._waits[key] = (now, now)
         elif now - last >= PROGRESS_EVERY_S:
             self._waits[key] = (since, now)
-            log.info("job %s: %s (waiting for %.0fs)", self._job.job_id, what, now - since)
+            log.info("job %s: %s (waiting for %.0fs)%s", self._job.job_id, what, now - since, why())
 
 
 

@@ -104,7 +104,7 @@ class ElasticJob(JobState):
         self.failures = Failures(self, self.leavers.lost_leaver, self.leavers.take_host_along, self.fixed.failed)
         self.health = Health(self, self.leavers, self.capacity)
         self.discovery = DiscoveryEdge(self, self.leavers.lapsed, self.leavers.send_away)
-        self.stopping = GracefulStop(self, self.leavers, self.rounds, self._finish)
+        self.stopping = GracefulStop(self, self.leavers, self.rounds, self._finish, lambda: self.fixed.elastic)
         self.failing = FailingEnd(self, self.stopping, self.leavers)
         if self.resumed:
             if not self.policy.checkpointing:
@@ -449,7 +449,7 @@ class ElasticJob(JobState):
         if now is not None and self.stopping.begin(reason, exit_code, now, grace_s):
             self._step(now)
             return
-        self._finish(False, reason, exit_code)
+        self._finish(False, reason + self.stopping.no_commit.stop_note(), exit_code)  # saved nothing: says so
 
     # ------------------------------------------------------------ adoption
     def begin_adoption(self, last_seq: int) -> None:

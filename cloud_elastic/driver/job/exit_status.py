@@ -19,10 +19,12 @@ from cloud_elastic.protocol_reports import said_own_reason
 __all__ = ["ExitStatus", "LastErrors", "signal_name"]
 
 #: An output line that reads as an error: a C++ exception's ``what():`` (Gloo's ``EnforceNotMet``), ``terminate
-#: called ...``, or a Python ``SomeError: ...`` / ``SomeException: ...`` line (not faulthandler's dump that follows).
+#: called ...``, a Python ``SomeError: ...`` / ``SomeException: ...`` line (not faulthandler's dump that follows),
+#: or the interpreter's own ``python3: can't open file '...': [Errno 2] ...`` (a script's name mistyped).
 #: Bounded, as it runs on every line a worker prints, under the driver's GIL: unbounded ``[\w.]*`` and ``[^:]*``
 #: backtracked quadratically on a long line of ``Error.`` tokens without a colon (1.5 s for 64 KB).
-_ERROR_LINE = re.compile(r"\s*(what\(\):|terminate called|[\w.]{0,200}(Error|Exception)\b[^:]{0,200}:)")
+_ERROR_LINE = re.compile(r"\s*(what\(\):|terminate called|[\w.]{0,200}(Error|Exception)\b[^:]{0,200}:"
+                         r"|[^\s:]{0,200}: can't open file )")
 
 #: Only this many leading characters of a line are looked at (:data:`_ERROR_LINE`): an error line's head, its
 #: colon included, comes well before; what follows is at most :data:`MAX_LAST_ERROR` characters kept anyway.
@@ -30,6 +32,16 @@ ERROR_SCAN_CHARS = 512
 
 #: The most characters of that line an exit status carries.
 MAX_LAST_ERROR = 300
+
+#: The line an unported torchrun script dies with: torch's ``init_process_group`` (``env://``, its default) finding
+#: none of torchrun's variables, or the script reading one itself (``int(os.environ["LOCAL_RANK"])``).
+_TORCHRUN_LINE = re.compile(r"\s*(ValueError: Error initializing torch\.distributed using env:// rendezvous: "
+                            r"environment variable \w+ expected|"
+                            r"KeyError: '(LOCAL_RANK|RANK|LOCAL_WORLD_SIZE|WORLD_SIZE|GROUP_RANK|MASTER_ADDR|MASTER_PORT)')")
+
+#: What such a line is followed by in the job's lines: what to change.
+_TORCHRUN_HINT = (" (a torchrun script? cloud-elastic sets no RANK or WORLD_SIZE: port it to cloud_elastic.torch, "
+                  "docs/torchrun.md)")
 
 #: An error line counts only when printed at most this long before its worker's exit was seen: one printed
 #: earlier (a handled error, logged and trained past) says nothing of why the process ended.
@@ -80,6 +92,7 @@ class LastErrors:
     repeat count reads too): 137 from outside names nothing, 134 is a crash. cloud-elastic's own final line for a
     worker that never reached the driver, or whose host lacks ``--network-interface``
     (:func:`~cloud_elastic.protocol_reports.said_own_reason`), wins over any other: it is the worker's reason.
+    A torchrun script's line (:data:`_TORCHRUN_LINE`) gets :data:`_TORCHRUN_HINT`, within the same bound.
     One short string per live worker; a dict's item set or pop is atomic, so the output threads need no lock.
     """
 
@@ -92,6 +105,8 @@ class LastErrors:
         if own:
             self._last[worker_id] = (own, self._clock(), True)
         elif _ERROR_LINE.match(line, 0, ERROR_SCAN_CHARS) and not self._last.get(worker_id, ("", 0.0, False))[2]:
+            if _TORCHRUN_LINE.match(line, 0, ERROR_SCAN_CHARS):
+                line = line.strip()[:MAX_LAST_ERROR - len(_TORCHRUN_HINT)] + _TORCHRUN_HINT
             self._last[worker_id] = (line.strip()[:MAX_LAST_ERROR], self._clock(), False)
 
     def attach(self, worker_id: str, status: ExitStatus, reported: bool = False) -> tuple[ExitStatus, str]:

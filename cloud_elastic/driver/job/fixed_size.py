@@ -7,8 +7,8 @@ its exit hook sends ``completed`` with ``elastic`` false (see
 ``WorkerContext._at_exit``), whether the script returned or raised, before its
 exit status reaches the driver. A worker inside ``hvd.elastic.run`` says so in
 every heartbeat (``PollRequest.elastic``, :meth:`FixedSize.entered`): once any
-worker has (or has committed: commits are made inside ``elastic.run``), the job
-is elastic, and a worker whose script ended before entering it only failed in
+worker has (only that: a worker refuses ``state.commit()`` outside ``elastic.run``,
+so a commit alone decides nothing), the job is elastic, and a worker whose script ended before entering it only failed in
 its set-up: its exit is judged as any elastic worker's (its slot cools down, the
 others go on down to ``--min-np``). A heartbeat comes within the poll hold
 (half a second by default), so a worker that fails sooner after its peers
@@ -48,7 +48,9 @@ elastic. From the first such report while no worker entered ``elastic.run``,
 * **progress is never silently reset**: a job in which a worker ever committed
   training state (through ``elastic.run``) is not restarted from the script's
   start, since that would train from initial weights over the committed state;
-  it fails with its reason instead.
+  it fails with its reason instead. A job resumed from a ``--checkpoint-dir``
+  checkpoint whose workers all exit 0 without entering ``elastic.run`` (which is
+  what loads it) fails too: none of them loaded it.
 
 A command that never calls ``hvd.init()`` (``hostname``, ``python -c 1``) never
 registers, so it sends no report. Its worker exiting 0 unregistered is a *plain
@@ -74,6 +76,7 @@ from cloud_elastic.driver.job.actions import Phase, Stop
 from cloud_elastic.driver.job.exit_status import ExitStatus, signal_name
 from cloud_elastic.driver.job.view import JobView
 from cloud_elastic.driver.job.workers import WorkerRecord, WorkerState
+from cloud_elastic.protocol_reports import error_line
 
 __all__ = ["FixedSize", "FIXED_SIZE"]
 
@@ -136,13 +139,13 @@ class FixedSize:
         """
         job = self._job
         if error:
-            w.error = self._errors[w.worker_id] = error.splitlines()[0][:300]  # the failure's lines name it
-        if job.state_committed or self.elastic:
-            # Another worker entered elastic.run (or committed, inside it): an elastic job, in whose set-up w
-            # ended (or failed). Its exit is judged as any elastic worker's.
-            log.info("job %s: worker %s (%s) ended before entering hvd.elastic.run, which %s: its exit is judged "
-                     "as any elastic worker's", job.job_id, w.worker_id, w.label,
-                     "workers committed in" if job.state_committed else "another worker entered")
+            w.error = self._errors[w.worker_id] = error_line(error)  # the failure's lines name it
+        if self.elastic:
+            # Another worker entered elastic.run: an elastic job, in whose set-up w ended (or failed). Its exit is
+            # judged as any elastic worker's. Only a worker's entering decides: a commit does not (a worker refuses
+            # one outside elastic.run; an older one's, or a resumed job's checkpoint, says nothing of this script).
+            log.info("job %s: worker %s (%s) ended before entering hvd.elastic.run, which another worker entered: "
+                     "its exit is judged as any elastic worker's", job.job_id, w.worker_id, w.label)
             return "done", ""
         if w.round == job.round > 0:
             self._ended = True
@@ -279,6 +282,12 @@ class FixedSize:
         if self._succeeded == 0:
             return False  # no round of this attempt yet (a restart): launches and the first round go on
         # Every member exited 0. Workers that never joined are stopped with the job (Finish).
+        if job.resumed:
+            job.end(False, f"every worker ({self._succeeded}) exited 0 without entering hvd.elastic.run, so none "
+                           f"loaded the checkpoint this job resumes from; whatever the script trained started from "
+                           f"its initial weights: not a success ({FIXED_SIZE}). The checkpoint is kept: run the "
+                           "script that wrote it (with hvd.elastic.run), or use a new --checkpoint-dir", 1)
+            return True
         after = f" after {self.restarts} restart(s)" if self.restarts else ""
         job.end(True, f"training completed on {self._succeeded} worker(s), every one exiting 0{after} "
                       f"({FIXED_SIZE})", 0)

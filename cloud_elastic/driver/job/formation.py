@@ -33,11 +33,12 @@ from typing import Callable, Protocol
 from cloud_elastic.driver.job.actions import Phase
 from cloud_elastic.driver.job.hosts import Slot
 from cloud_elastic.driver.job.next_round import NextRounds, Plan
-from cloud_elastic.driver.job.partitions import Partitions
+from cloud_elastic.driver.job.partitions import Partitions, round_hosts
 from cloud_elastic.driver.job.ranks import Member, assign_ranks
 from cloud_elastic.driver.job.plan import Candidate, RoundPlan, StateLost, plan_round, whole_host_groups
 from cloud_elastic.driver.job.spares import (admit, doubtful, has_room, source_rank, spare_key, spare_slots,
                                              spares_now)
+from cloud_elastic.driver.job.no_commit import ASK
 from cloud_elastic.driver.job.view import JobView
 from cloud_elastic.driver.job.workers import WorkerRecord, WorkerState
 from cloud_elastic.protocol import Assignment, RankInfo
@@ -113,6 +114,9 @@ class RoundFormation:
         #: Every member of the current round gave its addresses at rendezvous, so reads its peers' in the round's
         #: store (``protocol.Assignment.peers_in_store``): an older worker's group would not form with envelopes.
         self.peers_in_store = False
+        #: The current round's hosts, each once, when it has an older worker (one that gave no addresses): told to
+        #: those only (``Assignment.hosts``), the hosts it names in its evidence of a partition (see .partitions).
+        self.hosts: tuple[str, ...] = ()
         #: Rounds that keep failing to form with the same members (see :mod:`.partitions`).
         self.partitions = Partitions(job, lambda w, why: drains.send_away(w, why))
 
@@ -333,7 +337,8 @@ class RoundFormation:
             return self.next.assignment_for(w)
         if w.state in (S.RUNNING, S.DRAINING) and w.round == job.round and self.ranks is not None:
             return Assignment(job.round, self.ranks[w.worker_id], self.needs_sync, self.round_update_gen,
-                              self.from_checkpoint, self.planned, self.peers_in_store)
+                              self.from_checkpoint, self.planned, self.peers_in_store,
+                              self.hosts if w.addresses is None else ())
         return None
 
     def rank0(self) -> WorkerRecord | None:
@@ -355,6 +360,7 @@ class RoundFormation:
         self.needs_sync = False
         self.from_checkpoint = False
         self.planned, self.peers_in_store = 0, False
+        self.hosts = round_hosts(self._job.workers[wid] for wid in ranks if wid in self._job.workers)
         self._on_formed(self._job.running(now))
 
     def maybe_form(self, now: float) -> None:
@@ -442,6 +448,7 @@ class RoundFormation:
         else:
             self.ranks = assign_ranks([Member(w.worker_id, w.slot.host, w.slot.index) for w in ordered])
             self.planned, self.peers_in_store = 0, all(w.addresses is not None for w in ordered)
+        self.hosts = () if self.peers_in_store else round_hosts(ordered)
         self.needs_sync = plan.needs_sync
         self.from_checkpoint = plan.from_checkpoint
         self.round_update_gen = job.update_gen
@@ -513,6 +520,9 @@ class RoundFormation:
             if job.state_committed:
                 log.info("job %s: round %d's survivors rolled back %d step(s), to their commit of step %d",
                          job.job_id, aborted, self.steps_lost, commit)
+            elif self.steps_lost:
+                log.warning("job %s: round %d's survivors went back to the initial state, losing %d optimizer step(s): "
+                            "no worker has committed (%s)", job.job_id, aborted, self.steps_lost, ASK)
             for what in self._drains.take_forced_drains():
                 log.info("%s; the survivors rolled back %d step(s) to their last commit", what, self.steps_lost)
         self.steps_lost = 0

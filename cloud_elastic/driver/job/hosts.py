@@ -379,6 +379,11 @@ class HostManager:
             until = max(until, self._reported_at.get(host, now) + MAX_NOTICE_LEAD_S + self.notice_grace_s)
         return until
 
+    def notice_lapses_in(self, host: str, now: float) -> float | None:
+        """Seconds until ``host``'s hard notice may lapse (if discovery still reports it ready then), or None when
+        it has none."""
+        return max(0.0, self._lapses_at(host, now) - now) if host in self.notices else None
+
     def _drop_notice(self, host: str) -> None:
         del self.notices[host]
         self._notice_until.pop(host, None)

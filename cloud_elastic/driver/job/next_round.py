@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from cloud_elastic.driver.job.actions import Phase
+from cloud_elastic.driver.job.partitions import round_hosts
 from cloud_elastic.driver.job.plan import Candidate, RoundPlan, plan_round
 from cloud_elastic.driver.job.ranks import Member, assign_ranks
 from cloud_elastic.driver.job.view import JobView
@@ -79,6 +80,8 @@ class Plan:
     update_gen: int = 0
     #: Its members all read their peers' addresses in the round's store (``protocol.Assignment.peers_in_store``).
     peers_in_store: bool = False
+    #: Its hosts when it has an older worker, told to those only (``formation.RoundFormation.hosts``).
+    hosts: tuple[str, ...] = ()
     offered_at: float | None = None
     formed: set[str] = field(default_factory=set)
     armed: bool = False
@@ -135,10 +138,11 @@ class NextRounds:
             return False  # it would leave a running member out, or take no newcomer: not this path
         ordered = [job.workers[c.worker_id] for c in planned.members]
         self._count += 1
+        every = all(w.addresses is not None for w in ordered)
         self.plan = Plan(self._count, job.round + 1,
                          assign_ranks([Member(w.worker_id, w.slot.host, w.slot.index) for w in ordered]),
-                         frozenset(w.worker_id for w in running), job.update_gen + 1,
-                         all(w.addresses is not None for w in ordered))
+                         frozenset(w.worker_id for w in running), job.update_gen + 1, every,
+                         () if every else round_hosts(ordered))
         self.version += 1
         log.info("job %s: round %d planned (plan %d, %d worker(s)); its members form its group in the background: %s",
                  job.job_id, self.plan.round, self.plan.plan, len(ordered),
@@ -169,7 +173,7 @@ class NextRounds:
             return None
         self.told[w.worker_id] = plan.plan
         return Assignment(plan.round, plan.ranks[w.worker_id], True, plan.update_gen, False, plan.plan,
-                          plan.peers_in_store)
+                          plan.peers_in_store, plan.hosts if w.addresses is None else ())
 
     def _returned(self, plan: Plan) -> bool:
         """Whether a running member of ``plan`` returned from its training function (told before the job's next

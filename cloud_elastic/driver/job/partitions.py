@@ -21,9 +21,13 @@ which addresses it was still trying to connect to, its SYN unanswered
 (``RendezvousRequest.unreachable``, see ``worker.rounds.peers.Peers.unreached``);
 every worker gives its own host's addresses at each rendezvous
 (``RendezvousRequest.addresses``), and the round's members who gave one of them
-name its host (:func:`address_owners`: no name is resolved here, and the
-assignments need not list the round's hosts). Each such report is an edge
-between two hosts.
+name its host, as does a host named by an IP address (:func:`address_owners`:
+no name is resolved here, and the assignments need not list the round's hosts).
+An older worker gives no addresses: it names the hosts of its round it could not
+reach (its assignment lists them, ``formation.RoundFormation.hosts``, in a round
+of at most :data:`OLDER_HOSTS_LIMIT` hosts), and its own host is named by the
+others only when the host is an IP address. Each such report is an edge between
+two hosts.
 
 **The rule.**
 
@@ -58,6 +62,7 @@ transient failure costs no wait.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 from collections import Counter
 from typing import Callable, Iterable
@@ -66,8 +71,8 @@ from cloud_elastic.driver.job.hosts import Slot
 from cloud_elastic.driver.job.view import JobView
 from cloud_elastic.driver.job.workers import WorkerRecord, WorkerState
 
-__all__ = ["Partitions", "hosts_to_exclude", "address_owners", "named_hosts", "backoff_s", "EXCLUDE_AFTER",
-           "FAILED_FORMATIONS_LIMIT", "BACKOFF_CAP_S"]
+__all__ = ["Partitions", "hosts_to_exclude", "address_owners", "named_hosts", "round_hosts", "unreached_by",
+           "backoff_s", "EXCLUDE_AFTER", "FAILED_FORMATIONS_LIMIT", "BACKOFF_CAP_S", "OLDER_HOSTS_LIMIT"]
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +84,9 @@ EXCLUDE_AFTER = 2
 FAILED_FORMATIONS_LIMIT = 3
 #: The longest wait before a round forms again after failed formations in a row.
 BACKOFF_CAP_S = 10.0
+#: The most hosts of a round an older worker's assignment lists (:func:`round_hosts`): hosts x older workers names
+#: to encode and sign (a round of 8,192 one-slot hosts took 3.9 s of driver CPU when every assignment listed them).
+OLDER_HOSTS_LIMIT = 256
 
 
 def backoff_s(streak: int) -> float:
@@ -88,18 +96,44 @@ def backoff_s(streak: int) -> float:
 
 
 def address_owners(workers: Iterable[WorkerRecord]) -> dict[str, set[str]]:
-    """Each address ``workers`` gave as their own host's at rendezvous -> the hosts that gave it. Pure, O(workers)."""
+    """Each address ``workers`` gave as their own host's at rendezvous -> the hosts that gave it, and each host
+    named by an IP address -> itself (whatever its workers gave: an older worker gives none). Pure, O(workers)."""
     owners: dict[str, set[str]] = {}
     for w in workers:
-        for address in w.addresses or ():
+        for address in (w.addresses or ()) + _literal(w.slot.host):
             owners.setdefault(address, set()).add(w.slot.host)
     return owners
+
+
+def _literal(host: str) -> tuple[str, ...]:
+    """``host`` in the canonical text of its IP address when it is one (as discovery names most hosts), else ()."""
+    try:
+        return (str(ipaddress.ip_address(host)),)
+    except ValueError:
+        return ()
 
 
 def named_hosts(addresses: Iterable[str], owners: dict[str, set[str]], own: str) -> list[str]:
     """The hosts behind ``addresses`` by ``owners`` (:func:`address_owners`), ``own`` left out, each once, in the
     addresses' order; an address nobody gave (not a member's: another thread's connection) names none. Pure."""
     return list(dict.fromkeys(h for a in addresses for h in sorted(owners.get(a, ())) if h != own))
+
+
+def round_hosts(members: Iterable[WorkerRecord]) -> tuple[str, ...]:
+    """The hosts of a round's ``members``, each once, in their order: what an older worker's assignment lists
+    (``protocol.Assignment.hosts``), the names it gives its evidence in (:func:`unreached_by`); none past
+    :data:`OLDER_HOSTS_LIMIT`. Pure."""
+    hosts = tuple(dict.fromkeys(w.slot.host for w in members))
+    return hosts if len(hosts) <= OLDER_HOSTS_LIMIT else ()
+
+
+def unreached_by(w: WorkerRecord, owners: dict[str, set[str]], hosts: set[str]) -> list[str]:
+    """The hosts ``w`` said at its last rendezvous it could not reach: addresses named by ``owners``, and from an
+    older worker (it gave no addresses of its own) the host names it was given, those of ``hosts`` only. Pure."""
+    named = named_hosts(w.unreachable, owners, w.slot.host)
+    if w.addresses is None:
+        return list(dict.fromkeys([h for h in w.unreachable if h in hosts and h != w.slot.host] + named))
+    return named
 
 
 def hosts_to_exclude(edges: Iterable[tuple[str, str]], keep: str, order: Callable[[str], int]) -> list[str]:
@@ -157,20 +191,22 @@ class Partitions:
         self._slots = slots
         self._hold_until = now + backoff_s(self.streak)
         owners = address_owners(back)
-        edges = {(w.slot.host, peer) for w in back for peer in named_hosts(w.unreachable, owners, w.slot.host)}
+        edges = {(w.slot.host, peer) for w in back for peer in unreached_by(w, owners, hosts)}
         if edges and self.streak >= EXCLUDE_AFTER and self._exclude(back, waiting, edges, now):
             return False
         # A partition may heal (a rule rolled back, a switch back up): the state lives only in the workers, so
         # the job gives it as long as it gives a job below --min-np to recover.
         if self.streak >= FAILED_FORMATIONS_LIMIT and now - self._since >= job.policy.elastic_timeout_s:
-            self._stop(sorted(hosts, key=job.hosts.order_of), edges, now - self._since)
+            older = sorted({w.slot.host for w in back if w.addresses is None}, key=job.hosts.order_of)
+            self._stop(sorted(hosts, key=job.hosts.order_of), edges, now - self._since, older)
             return False
         return True
 
     def unreached(self, w: WorkerRecord) -> list[str]:
         """The hosts ``w`` said at its last rendezvous it could not reach, named by every live worker's addresses
         (for its log line: O(workers), once a failed round)."""
-        return named_hosts(w.unreachable, address_owners(self._job.alive()), w.slot.host)
+        alive = self._job.alive()
+        return unreached_by(w, address_owners(alive), {a.slot.host for a in alive})
 
     def holding(self, now: float) -> bool:
         """The next round must not form yet: failed formations in a row back it off (see :func:`backoff_s`)."""
@@ -199,9 +235,12 @@ class Partitions:
         self.streak = 0
         return True
 
-    def _stop(self, hosts: list[str], edges: set[tuple[str, str]], lasted_s: float) -> None:
+    def _stop(self, hosts: list[str], edges: set[tuple[str, str]], lasted_s: float, older: list[str]) -> None:
         job = self._job
         named = f"; members reported {', '.join(f'{a} cannot reach {b}' for a, b in sorted(edges))}" if edges else ""
+        if not edges and older:  # a newer member's report of an older worker's host names no host (see above)
+            named = (f"; no member's report named a host, and the workers on {', '.join(older)} run an older "
+                     "cloud-elastic, which gives no addresses to name their hosts by (upgrade them)")
         short = (f", and excluding a side would leave fewer than --min-np {job.policy.min_np}" if edges else "")
         if len(hosts) == 1:
             # No network between hosts is involved: the group cannot form on this host at all.

@@ -58,6 +58,9 @@ def status_reply(job: ElasticJob, config: JobConfig, *, provider: str, now: floa
     alive = sorted((w for w in job.workers.values() if w.alive),
                    key=lambda w: (not w.member_of(job.round), w.rank if w.member_of(job.round) else 0))
     workers_omitted = max(0, len(alive) - MAX_WORKER_ROWS)
+    unlisted: dict[str, int] = {}  # a host whose workers were all cut must not show as idle
+    for w in alive[MAX_WORKER_ROWS:]:
+        unlisted[w.slot.host] = unlisted.get(w.slot.host, 0) + 1
     alive = alive[:MAX_WORKER_ROWS]
     spares = set(job.rounds.spare_ids)
     by_host: dict[str, list[WorkerStatus]] = {}
@@ -71,13 +74,16 @@ def status_reply(job: ElasticJob, config: JobConfig, *, provider: str, now: floa
                          None if (share := comm_share(w)) is None else round(share, 3))
         )
     hosts = job.hosts
-    rows = [HostStatus(h, n, "ready", tuple(by_host.get(h, ())), hosts.sources.get(h, ""), hosts.prices.get(h))
+    rows = [HostStatus(h, n, "ready", tuple(by_host.get(h, ())), hosts.sources.get(h, ""), hosts.prices.get(h),
+                       unlisted.get(h, 0))
             for h, n in hosts.ready.items()]
-    rows += [HostStatus(h, 0, "draining", tuple(by_host.get(h, ())), hosts.sources.get(h, ""), hosts.prices.get(h))
+    rows += [HostStatus(h, 0, "draining", tuple(by_host.get(h, ())), hosts.sources.get(h, ""), hosts.prices.get(h),
+                       unlisted.get(h, 0))
              for h in hosts.draining]
-    rows += [HostStatus(h, n, "missing", tuple(by_host.get(h, ())), hosts.sources.get(h, ""), hosts.prices.get(h))
+    rows += [HostStatus(h, n, "missing", tuple(by_host.get(h, ())), hosts.sources.get(h, ""), hosts.prices.get(h),
+                       unlisted.get(h, 0))
              for h, (n, _) in hosts.missing.items()]
-    rows.sort(key=lambda row: (not row.workers, row.state == "ready"))  # stable: discovery's order within each
+    rows.sort(key=lambda row: (not (row.workers or row.workers_unlisted), row.state == "ready"))  # stable: discovery's order within each
     blacklisted = [BlacklistedSlot(s.host, s.index, round(left, 1), failures)
                    for s, left, failures in hosts.blacklist.blocked_slots(now)]
     blacklisted += [BlacklistedSlot(s.host, s.index, 0.0, n, True) for s, n in hosts.blacklist.for_good_slots()]
@@ -143,4 +149,5 @@ def _cost(job: ElasticJob, now: float) -> dict:
     return {"cost": round(s.dollars, 6), "cost_per_hour": round(s.dollars_per_hour, 6),
             "cost_per_step": None if per_step is None else round(per_step, 8),
             "cost_fallback_only": None if s.fallback_only is None else round(s.fallback_only, 6),
-            "cost_unpriced_slot_hours": round(s.unpriced_slot_hours, 6), "fallback_slots": sourcing.wanted}
+            "cost_unpriced_slot_hours": round(s.unpriced_slot_hours, 6), "cost_slot_hours": round(s.slot_hours, 6),
+            "cost_idle_slot_hours": round(s.idle_slot_hours, 6), "fallback_slots": sourcing.wanted}

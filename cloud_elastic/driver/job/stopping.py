@@ -35,6 +35,7 @@ from typing import Callable
 from cloud_elastic.driver.job.actions import Phase
 from cloud_elastic.driver.job.formation import RoundFormation
 from cloud_elastic.driver.job.leaving import Leavers
+from cloud_elastic.driver.job.no_commit import NoCommitWatch
 from cloud_elastic.driver.job.view import JobView
 from cloud_elastic.driver.job.workers import WorkerRecord, WorkerState
 
@@ -60,8 +61,11 @@ class GracefulStop:
     """The graceful stop of one job (see module docstring)."""
 
     def __init__(self, job: JobView, leavers: Leavers, rounds: RoundFormation,
-                 finish: Callable[[bool, str, int], None]) -> None:
+                 finish: Callable[[bool, str, int], None], elastic: Callable[[], bool] = lambda: True) -> None:
         self._job = job
+        #: Training without a commit: warned of once, and named by a stop that saved nothing (``elastic``: a worker
+        #: entered hvd.elastic.run).
+        self.no_commit = NoCommitWatch(job, elastic, job.policy.checkpoint_interval_s)
         # Ends the job now, not through ``job.end`` (whose failures, during the stop, are left to it: see .ending).
         self._finish = finish
         self._leavers = leavers
@@ -84,7 +88,8 @@ class GracefulStop:
         """``w``'s heartbeat told of its commits (``w.commits``): when they grow, and how often. The time from its
         first heartbeat in a round to its first rise is no gap between commits (it includes its start-up, the
         round's formation, a sync or a load): the pace is known from its second rise in the round on, as the time
-        per commit between the last two."""
+        per commit between the last two. It also tells :attr:`no_commit` (a job that never commits)."""
+        self.no_commit.heard(w, now)
         seen = self._pace.get(w.worker_id)
         if seen is None or seen[0] != w.round:
             self._pace[w.worker_id] = (w.round, w.commits, None, None)

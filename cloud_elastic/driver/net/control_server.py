@@ -29,7 +29,8 @@ from typing import Any, Callable, Union
 
 from cloud_elastic.control import MAX_BODY, MAX_REQUEST, SIGNATURE_HEADER, SIGNED_BEFORE_START, Codec
 from cloud_elastic.driver.net.accepting import CONTROL_SHARE, RefusalLog
-from cloud_elastic.driver.net.selector_server import PROVEN, Connection, SelectorServer, listening
+from cloud_elastic.driver.net.ports import listening_kept
+from cloud_elastic.driver.net.selector_server import PROVEN, Connection, SelectorServer
 from cloud_elastic.errors import ControlPlaneError
 
 __all__ = ["ControlServer", "Handler", "Held"]
@@ -138,7 +139,8 @@ class _Conn(Connection):
 
 
 class ControlServer(SelectorServer):
-    """HTTP/1.1 server on one thread; ``start()`` binds and serves, ``close()`` stops."""
+    """HTTP/1.1 server on one thread; ``start()`` binds (port 0: :func:`~.ports.listening_kept`) and serves,
+    ``close()`` stops."""
 
     name = "control plane"
     share = CONTROL_SHARE
@@ -169,7 +171,8 @@ class ControlServer(SelectorServer):
         return self._listener.getsockname()[1]
 
     def start(self) -> None:
-        listener = listening(self._bind, self._port, 1024)  # every worker connects at start-up, a large group at once
+        # Port 0: one nothing else is handed (.ports). Every worker connects at start-up, a large group at once.
+        listener = listening_kept(self._bind, self._port, 1024)
         self._sweep_at = time.monotonic() + 1.0
         self._serve_on(listener)
         log.debug("control plane listening on %s:%d", self._bind, self.port)

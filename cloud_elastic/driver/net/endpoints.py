@@ -6,7 +6,8 @@ and the :class:`~cloud_elastic.control.Codec` that signs with the job's secret.
 
 * :meth:`Endpoints.start` raises the process's descriptor limit for the job's ``workers``
   (:func:`~.accepting.raise_descriptor_limit`: the servers' shares are of it), binds both servers at
-  ``bind`` (port 0: any free port; a restarted driver adopting its predecessor's workers reuses that
+  ``bind`` (port 0: where it can, a free port the kernel hands to no one else, so that a driver restarted after
+  this one can bind it again: :mod:`.ports`; a restarted driver adopting its predecessor's workers reuses that
   driver's ports and secret, and its codec refuses every message signed before this start: the
   predecessor's nonces died with it, so a message captured then would be a replay it cannot tell)
   and serves; an OSError (a port taken) leaves nothing listening;
@@ -26,7 +27,7 @@ import time
 from cloud_elastic.control import Codec, new_secret
 from cloud_elastic.driver.net.accepting import raise_descriptor_limit
 from cloud_elastic.driver.net.control_server import ControlServer, Handler
-from cloud_elastic.driver.net.selector_server import listening
+from cloud_elastic.driver.net.ports import listening_kept
 from cloud_elastic.driver.net.store_server import StoreServer, round_keys
 
 __all__ = ["Endpoints"]
@@ -64,7 +65,7 @@ class Endpoints:
         # A predecessor's secret comes without its memory of nonces: what was signed with it before now may be a replay.
         self._codec = Codec(self._secret, self.job_id, not_before=-math.inf if secret is None else time.time())
         self._advertised, self.bind = advertised, bind
-        self._store = StoreServer(listening(bind, store_port, _STORE_BACKLOG),
+        self._store = StoreServer(listening_kept(bind, store_port, _STORE_BACKLOG),
                                   proves=round_keys(self._secret, self.job_id))
         self._store.start()
         try:

@@ -52,8 +52,8 @@ from cloud_elastic.driver.restart.stored import list_checkpoints, newer_link, re
 from cloud_elastic.errors import CheckpointError, ConfigError
 from cloud_elastic.records import driver_running, find_jobs, job_dir, pid_alive, runtime_root
 
-__all__ = ["RECORD_TOUCH_S", "StartPlan", "WaitOutcome", "driver_alive", "open_store", "plan_start", "resumes",
-           "wait_for_predecessor"]
+__all__ = ["ADOPT_MARGIN_S", "RECORD_TOUCH_S", "StartPlan", "WaitOutcome", "driver_alive", "open_store", "plan_start",
+           "resumes", "wait_for_predecessor"]
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ _LAST_CHECKPOINT_S = 12.0
 #: What a worker stopping at the end of the grace without checkpoints may spend exiting, and margin.
 _STOP_S = 3.0
 #: Adopting workers that have less than this left of their grace is not worth the race.
-_ADOPT_MARGIN_S = 1.0
+ADOPT_MARGIN_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -283,14 +283,14 @@ def _adoptable(config: JobConfig) -> tuple[AdoptionRecord | None, tuple[int, flo
         if driver_alive(pid, started, last_alive) or not record.workers:
             continue  # a live driver is refused by plan_start
         left = last_alive + record.grace_s - time.time()
-        if left < _ADOPT_MARGIN_S:
+        if left < ADOPT_MARGIN_S:
             log.info("job %s: the previous driver died %.0fs ago, past its workers' --driver-grace %gs: "
                      "not adopting them", record.job_id, time.time() - last_alive, record.grace_s)
             return None, (pid, last_alive, started)
         log.warning("job %s: the previous driver (pid %d) died %.0fs ago; adopting its %d running worker(s) "
                     "(they train on for up to %.0fs more)", record.job_id, pid, time.time() - last_alive,
                     len(record.workers), left)
-        return record, (pid, last_alive, started)
+        return replace(record, grace_ends=last_alive + record.grace_s), (pid, last_alive, started)
     return None, None
 
 
@@ -475,7 +475,8 @@ def _previous_alive(store: Any, job_id: str, record: Any, newest: Any) -> tuple[
     left beside the checkpoints, unless it ended cleanly; without one, the creation of ``record`` (``job.json``)
     by the driver it names; and the newest claim (``newest``, :mod:`cloud_elastic.checkpoint.claims`) of a
     driver other than the one that left it. A creation or claim is the sign of life of a driver that writes its
-    own a moment later (or never, having lost to a live one).
+    own a moment later (or never, having lost to a live one); a claim carries the groups raised and the cost the
+    entry gives (its driver carried them while it waited).
 
     ConfigError when it is a live driver on this machine (whose local record was lost).
     """
@@ -486,11 +487,19 @@ def _previous_alive(store: Any, job_id: str, record: Any, newest: Any) -> tuple[
         entry = read_driver_alive(store)
         signs.append((entry, None, False) if entry is not None else (_creator(record), "job.json", True))
     except CheckpointError as exc:
-        log.warning("job %s: %s; only this machine's record and the drivers' claims are used", job_id, exc)
+        # Which groups it raised is lost with it: a group left raised is paid for, and only an operator can tell.
+        log.warning("job %s: %s; only this machine's record and the drivers' claims are used, and the host groups the "
+                    "previous driver raised (--manage-capacity), if any, are not known: each stays at the desired "
+                    "capacity it had (paid for): set it to 0 yourself once nothing needs it", job_id, exc)
         entry = None
     claimed = newest.driver if newest is not None else None
     if claimed is not None and (entry is None or (entry.host, entry.pid) != (claimed.host, claimed.pid)):
-        signs.append((replace(claimed, alive=min(claimed.alive, time.time())), newest.path, True))
+        # A claim says nothing of the groups raised nor of the cost: its driver carried the entry's while it
+        # waited (and died before its own sign of life would have said them); without them, a raised group is
+        # left paid for by every later driver.
+        carried = {} if entry is None or entry.stopped or entry.job_id != job_id else dict(
+            raised=entry.raised, cost=entry.cost, refused=entry.refused)
+        signs.append((replace(claimed, alive=min(claimed.alive, time.time()), **carried), newest.path, True))
     best: tuple[Any, str | None] = (None, None)
     for sign, by, first in signs:
         if sign is None or sign.job_id != job_id or sign.stopped or sign.is_this_process():

@@ -107,6 +107,9 @@ class AdoptionRecord:
     secret: str
     #: The exit reports of the members of the finishing round that exited while it was up, as recorded (unchecked).
     exited: tuple[Any, ...] = ()
+    #: When its workers' grace ends (Unix time: its last sign of life plus ``grace_s``), set by the restart's plan;
+    #: 0: unknown.
+    grace_ends: float = 0.0
 
     def worker(self, worker_id: str) -> AdoptedWorker | None:
         return next((w for w in self.workers if w.worker_id == worker_id), None)

@@ -211,7 +211,8 @@ class DiscoveryPoller:
                 return
             try:
                 self._discovery.release(host, instance)
-                log.info("released drained host %s%s to the cloud", host, f" ({instance})" if instance else "")
+                if type(self._discovery).release is not HostDiscovery.release:  # -H, a script: they hold nothing
+                    log.info("released drained host %s%s to the cloud", host, f" ({instance})" if instance else "")
             except Exception as exc:  # the instance then waits out the cloud's own timeout; the job goes on
                 log.warning("could not release drained host %s: %s", host, exc)
 

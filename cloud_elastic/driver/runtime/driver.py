@@ -36,15 +36,17 @@ from cloud_elastic.driver.job.stopping import STOP_GRACE_S  # a first signal's g
 from cloud_elastic.driver.launch.api import Launcher
 from cloud_elastic.driver.net.control_server import Held
 from cloud_elastic.driver.net.endpoints import Endpoints
+from cloud_elastic.driver.net.ports import retrying_taken
 from cloud_elastic.driver.restart.finished import mark_succeeded
 from cloud_elastic.driver.restart.predecessor import (
+    ADOPT_MARGIN_S,
     RECORD_TOUCH_S,
     StartPlan,
     open_store,
     plan_start,
     wait_for_predecessor,
 )
-from cloud_elastic.driver.restart.record import SuccessorRecord, remove_record
+from cloud_elastic.driver.restart.record import AdoptionRecord, SuccessorRecord, remove_record
 from cloud_elastic.driver.restart.window import AdoptionWindow
 from cloud_elastic.driver.runtime.condition import JobCondition
 from cloud_elastic.driver.runtime.costs import charge, final_cost
@@ -191,7 +193,7 @@ class Driver:
         finally:
             self._shutdown()
             self._flush_events()
-            verdict = "succeeded" if outcome.success else ("interrupted" if outcome.exit_code in (130, 143) else "failed")
+            verdict = _verdict(outcome)
             with self._cond:
                 # Charged until the workers had stopped, not through the groups' lowering after it.
                 cost = final_cost(self._job, self._stopped_at if self._stopped_at is not None else self._clock())
@@ -239,7 +241,7 @@ class Driver:
     def _listen_for_adoption(self, plan: StartPlan) -> StartPlan:
         """Build the control plane; when the plan adopts, in front of it the adoption window, and listen at
         once where the predecessor listened, with its secret (its workers poll there). Returns the plan,
-        without the adoption when those ports cannot be bound."""
+        without the adoption when those ports cannot be bound (:meth:`_listen_where_predecessor_did`)."""
         record = plan.adopt
         if record is None:
             self._plane = self._control_plane(None)
@@ -250,20 +252,47 @@ class Driver:
                                 rendezvous_hold_s=RENDEZVOUS_POLL_S)
         self._plane = self._control_plane(window)
         window.open()  # before the server answers anyone: a worker may reach it the moment it listens
-        try:
-            self._endpoints.start(record.bind, advertised=record.advertised, control_port=record.control_port,
-                                  store_port=record.store_port, secret=record.secret)
-        except OSError as exc:
-            log.warning("job %s: cannot listen at the previous driver's address (%s); its workers cannot be "
-                        "adopted", self.job_id, exc)
+        if not self._listen_where_predecessor_did(record):
             window.give_up()
             self._plane = self._control_plane(None)
             return plan.without_adoption()
         self._window = window
         self._job.silence.driver_address = f"{record.advertised}:{record.control_port}"
-        log.info("job %s: listening at the previous driver's %s (control port %d, store port %d)", self.job_id,
-                 self._endpoints.advertised, self._endpoints.control_port, self._endpoints.store_port)
         return plan
+
+    def _listen_where_predecessor_did(self, record: AdoptionRecord) -> bool:
+        """Start the endpoints at the predecessor's address, ports and secret; whether they listen. A port another
+        socket holds is tried again while its workers are worth adopting (:mod:`cloud_elastic.driver.net.ports`:
+        the job would wait that long for them before resuming anyway); each outcome is said in one line."""
+        where = f"{record.bind} (control port {record.control_port}, store port {record.store_port})"
+        began, retried = time.time(), []
+
+        def taken(exc: OSError, left: float) -> None:
+            retried.append(left)
+            log.warning("job %s: cannot listen at the previous driver's %s yet: %s (another socket holds the port); "
+                        "trying again for up to %.0fs, while its workers may still come back", self.job_id, where, exc,
+                        left)
+
+        try:
+            retrying_taken(lambda: self._endpoints.start(
+                record.bind, advertised=record.advertised, control_port=record.control_port,
+                store_port=record.store_port, secret=record.secret), until=record.grace_ends - ADOPT_MARGIN_S,
+                wait=self._stopped_within, taken=taken)
+        except OSError as exc:
+            log.warning("job %s: cannot listen at the previous driver's %s%s: %s; its %d running worker(s) cannot be "
+                        "adopted: they stop at the end of their --driver-grace, and the job then resumes from the "
+                        "latest checkpoint", self.job_id, where,
+                        f" after trying for {time.time() - began:.0f}s" if retried else "", exc, len(record.workers))
+            return False
+        log.info("job %s: listening at the previous driver's %s (control port %d, store port %d)%s", self.job_id,
+                 self._endpoints.advertised, self._endpoints.control_port, self._endpoints.store_port,
+                 f", after {time.time() - began:.1f}s of trying" if retried else "")
+        return True
+
+    def _stopped_within(self, seconds: float) -> bool:
+        """Wait up to ``seconds``; True as soon as the job is stopped."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._stop_reason is not None, seconds)
 
     def _start(self) -> None:
         first = self._first_discovery()
@@ -331,11 +360,7 @@ class Driver:
         """A driver of this job that died without cleaning up may have left workers training on for its
         ``--driver-grace``: wait until they have stopped (see :func:`.predecessor.wait_for_predecessor`)."""
 
-        def wait(seconds: float) -> bool:
-            with self._cond:
-                return self._cond.wait_for(lambda: self._stop_reason is not None, seconds)
-
-        waited = wait_for_predecessor(plan, self._durable, wait, self.stop, resumed=self._job.resumed)
+        waited = wait_for_predecessor(plan, self._durable, self._stopped_within, self.stop, resumed=self._job.resumed)
         if waited.resumed and not self._job.resumed:
             self._resume()
         if waited.predecessor_gone:
@@ -497,11 +522,17 @@ class Driver:
         self._endpoints.close()  # every worker is stopped; in a Ray or Spark user's process it would serve on
         if self._status_recorded:
             remove_record(job_dir(self.job_id))  # every worker is stopped: nothing is left to adopt
-            remove_driver_record(self.job_id)
+            outcome = self._job.outcome  # kept a while for 'status JOB', which then says how it ended
+            remove_driver_record(self.job_id, ended=f"{_verdict(outcome)}: {outcome.reason}" if outcome else None)
         try:
             self._discovery.close()
         except Exception:  # closing is best effort; the job's outcome is already decided
             log.debug("discovery close failed", exc_info=True)
+
+
+def _verdict(outcome: Finish) -> str:
+    """How the job ended in a word: its ``job_finished`` event's ``outcome``."""
+    return "succeeded" if outcome.success else ("interrupted" if outcome.exit_code in (130, 143) else "failed")
 
 
 _print_lock = threading.Lock()

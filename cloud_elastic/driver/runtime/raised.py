@@ -21,6 +21,10 @@ fallback slot is wanted (``driver.job.sourcing``); two ends of a driver's life a
 The sign of life also carries what the job has cost so far (``cloud_elastic.cost``),
 which the driver that takes the job over goes on from (:func:`inherit_cost`), and a
 driver stopped before it does carries forward (:func:`remember`), as for raised groups.
+
+Each of those two parts of the sign of life is read alone: one out of bounds (a bug, a hand edit) is refused in one
+WARNING naming the file (:func:`carried`, :func:`carried_cost`), and the other is still taken over. A group refused is
+set back by no driver: which groups the job raised is not known for sure, and the line asks the operator to.
 """
 
 from __future__ import annotations
@@ -47,13 +51,27 @@ def _sourcing(job: Any) -> Any:
 
 
 def carried(previous_alive: Any) -> dict[str, int]:
-    """What a crashed predecessor raised (``StartPlan.previous_alive``), not yet taken over."""
+    """What a crashed predecessor raised (``StartPlan.previous_alive``), not yet taken over. Where its sign of life
+    said groups this driver refused (``DriverAlive.refused``: not a mapping, or a capacity out of bounds), one
+    WARNING names the file: those groups stay as they are, for the operator to set back to 0."""
+    for why in _refused(previous_alive, "raised"):
+        log.warning("job %s: which host groups the previous driver raised is refused: %s; each such group stays at "
+                    "the desired capacity it had (paid for): set it to 0 yourself once nothing needs it",
+                    previous_alive.job_id, why)
     return dict(getattr(previous_alive, "raised", ()) or ())
 
 
 def carried_cost(previous_alive: Any) -> CostSoFar | None:
-    """What the job had cost under a crashed predecessor, up to its last sign of life; not yet taken over."""
+    """What the job had cost under a crashed predecessor, up to its last sign of life; not yet taken over. A cost
+    its sign of life gave out of bounds (``DriverAlive.refused``) is said in one WARNING, and none is carried."""
+    for why in _refused(previous_alive, "cost"):
+        log.warning("job %s: the previous driver's cost so far is refused: %s; the job's cost is counted again from "
+                    "$0 by this driver", previous_alive.job_id, why)
     return getattr(previous_alive, "cost", None)
+
+
+def _refused(previous_alive: Any, part: str) -> list[str]:
+    return [why for name, why in getattr(previous_alive, "refused", ()) if name == part]
 
 
 def inherit(job: Any, raised: dict[str, int]) -> None:
@@ -85,10 +103,12 @@ def inherit_cost(job: Any, cost: CostSoFar | None, previous_alive: Any) -> None:
         return
     sourcing.carry_cost(cost)
     alive = previous_alive.alive
-    log.info("job %s: cost so far carried from the previous driver: %s for %.3f slot-hour(s), up to its last sign "
-             "of life at %s (%.0fs ago; the time since is not counted)", job.job_id, format_dollars(cost.dollars),
-             cost.slot_hours, time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(alive)),
-             max(0.0, time.time() - alive))
+    idle = (f" ({cost.idle_slot_hours:.3f} of them on hosts of a fallback group the job raised that ran no worker "
+            "there)") if round(cost.idle_slot_hours, 3) > 0 else ""
+    log.info("job %s: cost so far carried from the previous driver: %s for %.3f slot-hour(s)%s, up to its last "
+             "sign of life at %s (%.0fs ago; the time since is not counted)", job.job_id,
+             format_dollars(cost.dollars), cost.slot_hours, idle,
+             time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(alive)), max(0.0, time.time() - alive))
 
 
 def remember(job: Any, refresher: Any, carry: dict[str, int], carry_cost: CostSoFar | None = None) -> None:

@@ -44,6 +44,7 @@ def new_job(config: JobConfig, discovery: HostDiscovery, job_id: str) -> Elastic
             heartbeat_timeout_s=config.heartbeat_timeout_s,
             finish_timeout_s=config.finish_timeout_s,
             checkpointing=config.checkpoint_dir is not None,
+            checkpoint_interval_s=config.checkpoint_interval_s or 300.0,
             progress_timeout_s=config.progress_timeout_s,
             straggler_factor=config.straggler_factor,
             straggler_window_s=config.straggler_window_s,

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from cloud_elastic import plain_numpy
+from cloud_elastic.checkpoint.safety import COPY_FACTOR, COPY_SLACK, check_loaded
 from cloud_elastic.errors import CloudElasticError
 from cloud_elastic.plain_numpy import DICTS as _DICTS, LEAVES, SEQUENCES as _SEQUENCES, TAG as _TAG
 from cloud_elastic.plain_numpy import is_numeric as _numeric
@@ -47,7 +48,8 @@ __all__ = ["MIN_TORCH", "MAX_BYTES", "StateSyncError", "Parts", "check_torch_ver
 #: skeletons). Fixed rather than derived from the receiver's own state, which a newcomer may not have
 #: yet: a state's tensors travel as tensors (models, optimizers), not here. A receiver refuses a bigger
 #: length before it allocates anything (``collectives.broadcast_state``), and :func:`decode` refuses a
-#: message that would unpack into more (a compressed record) or describes a bigger tensor.
+#: message that would unpack into more (a compressed record), or whose value would cost more to copy
+#: than a few times its own size (see :func:`decode`).
 MAX_BYTES = 1 << 30
 
 _SAFE_BUILTINS = [set, frozenset]
@@ -106,9 +108,12 @@ def encode(obj: Any, what: str) -> bytes:
 
 
 def decode(data: bytes, what: str) -> Any:
-    """Load bytes made by :func:`encode`, building no object outside the safe set, and nothing bigger than
-    ``data`` allows (:func:`_check_container` before, :func:`_check_tensors` after)."""
-    stored = _check_container(data, what)
+    """Load bytes made by :func:`encode`, building no object outside the safe set, and nothing that takes more
+    memory or time than ``data`` allows: checked before the load (:func:`_check_container`: records, tuples that a
+    load hashes) and after it (``safety.check_loaded``, as for a checkpoint: a tensor bigger than its storage, a
+    container nested over ``MAX_NESTING`` deep or inside itself, a value whose copy outgrows ``data``: one tensor or
+    list referenced over and over)."""
+    _check_container(data, what)
     try:
         with torch.serialization.safe_globals(_SAFE_BUILTINS):
             obj = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
@@ -120,39 +125,21 @@ def decode(data: bytes, what: str) -> Any:
         ) from exc
     except (RuntimeError, EOFError, ValueError) as exc:
         raise StateSyncError(f"{what}: received state is corrupt ({exc})") from exc
-    if stored:  # a tensor needs a stored record: without one there is nothing to walk for
-        _check_tensors(obj, what)
+    check_loaded(obj, what, COPY_FACTOR * len(data) + COPY_SLACK,
+                 lambda why: StateSyncError(f"{what}: received state {why}"))
     if _TAG.encode() in data:  # pickle keeps a string's bytes as they are: without them there is no tag
         obj = _unpack(obj, what)
     return obj
 
 
-def _check_container(data: bytes, what: str) -> bool:
-    """StateSyncError unless ``data`` is an archive that ``torch.load`` reads within its own size
-    (``torch_archive.stored_records``: a storage's announced size is allocated, a compressed record
-    inflated). Whether it holds a tensor's storage (a record under ``data/``)."""
+def _check_container(data: bytes, what: str) -> None:
+    """StateSyncError unless ``data`` is an archive that ``torch.load`` reads within its own size and in bounded
+    time (``torch_archive.stored_records``: a storage's announced size is allocated, a compressed record
+    inflated, the tuples it builds hashed)."""
     try:
-        records = stored_records(io.BytesIO(data), 0, len(data))
+        stored_records(io.BytesIO(data), 0, len(data))
     except ValueError as exc:
         raise StateSyncError(f"{what}: received state {exc}: corrupt or forged") from None
-    return any("/data/" in record.filename for record in records)
-
-
-def _check_tensors(obj: Any, what: str) -> None:
-    """StateSyncError if a dense tensor in ``obj`` stands for more than :data:`MAX_BYTES` (a view that repeats a
-    few stored elements, stride 0, looks small on the wire and becomes huge once copied)."""
-    seen: set[int] = set()
-    stack = [obj]
-    while stack:
-        o = stack.pop()
-        if isinstance(o, torch.Tensor):
-            nbytes = o.numel() * o.element_size()
-            if o.layout == torch.strided and nbytes > MAX_BYTES:
-                raise StateSyncError(f"{what}: received state has a tensor of shape {list(o.shape)} ({nbytes} bytes), "
-                                     f"more than the {MAX_BYTES} a sync carries: corrupt or forged")
-        elif isinstance(o, (dict, list, tuple, set, frozenset)) and id(o) not in seen:
-            seen.add(id(o))
-            stack.extend(o.values() if isinstance(o, dict) else o)
 
 
 # --- numpy values: rewritten into the safe set, never unpickled (``cloud_elastic.plain_numpy``) ---

@@ -30,6 +30,7 @@ from cloud_elastic.worker.commit.fingerprint import fingerprint
 from cloud_elastic.worker.commit.participant import CommitParticipant
 from cloud_elastic.worker.context import get_context, is_initialized
 from cloud_elastic.worker.exceptions import HostsUpdatedInterrupt
+from cloud_elastic.worker.unsupported import UnsupportedError
 
 __all__ = ["State", "ObjectState", "TorchState", "SMALL_STATE"]
 
@@ -114,8 +115,10 @@ class State:
             callback()
 
     def commit(self) -> None:
-        """Save the state, then interrupt if membership is changing (on every worker at once)."""
-        ctx = get_context()
+        """Save the state, then interrupt if membership is changing (on every worker at once).
+
+        In a job, outside ``hvd.elastic.run``, raises UnsupportedError (see :func:`_inside_run`)."""
+        ctx = _inside_run(get_context(), "commit")
         ctx.ledger.window.close()  # first: what the window taught decides how this commit is kept
         ctx.read_update_flag()
         self.save()
@@ -159,6 +162,20 @@ class State:
 
     def reset(self) -> None:
         """Hook for subclasses; called on reset before the callbacks."""
+
+
+def _inside_run(ctx: Any, call: str) -> Any:
+    """``ctx``, once this process has entered ``hvd.elastic.run`` (or runs standalone, without a driver).
+
+    Outside it, in a job, UnsupportedError in one line naming the fix. Horovod accepts the call there (a save and a
+    broadcast, never an interrupt); here it would tell the driver of a commit that nothing can roll back to, sync
+    or checkpoint: the job would take the script for an elastic one, and its workers' ends as failures.
+    """
+    if ctx.standalone or ctx.elastic_entered:
+        return ctx
+    raise UnsupportedError(f"state.{call}() called outside hvd.elastic.run: decorate the training function that "
+                           "calls it with @hvd.elastic.run (see docs/porting.md), or drop the call to run the script "
+                           "as a fixed-size job")
 
 
 class ObjectState(State):

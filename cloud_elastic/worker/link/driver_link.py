@@ -37,7 +37,8 @@ from typing import Any, Callable
 import torch.distributed as dist
 
 from cloud_elastic.protocol import AdoptRequest, FlightEntry, PollReply, PollRequest, RankInfo
-from cloud_elastic.protocol_reports import ExitingReport, StacksReport, driver_retrying, driver_unreachable
+from cloud_elastic.protocol_reports import (ExitingReport, StacksReport, driver_retrying, driver_unreachable,
+                                            error_line)
 from cloud_elastic.records import EXIT_REPORT_ENV, exit_report_path
 from cloud_elastic.worker.link import kept_output
 from cloud_elastic.worker.link.kept_output import _SurvivingStream, _survive_output_loss  # noqa: F401 - the worker's context starts it
@@ -214,7 +215,7 @@ class DriverLinkMixin:
         remote wrapper, which reaps it.
         """
         raised = getattr(self, "_uncaught", None) or getattr(sys, "last_value", None)
-        error = f"{type(raised).__name__}: {raised}"[:300] if raised is not None else None
+        error = error_line(f"{type(raised).__name__}: {raised}") if raised is not None else None
         if _script_exit_code is not None:
             return ExitingReport(_script_exit_code, error if _script_exit_code else None)
         return ExitingReport(1, error) if raised is not None else ExitingReport(None)

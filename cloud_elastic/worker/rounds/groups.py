@@ -244,7 +244,8 @@ class RoundGroupsMixin:
         namespace = round_namespace(self.settings.secret, self.job_id, info.round) + suffix
         return RoundStore(self._store if client is None else client, namespace, self.settings.secret,
                           self._form_limit_s() + _GLOO_FORM_MARGIN_S,
-                          Peers(info.rank if info.peers_in_store else None, info.size, own_addresses(self.hostname)))
+                          Peers(info.rank if info.peers_in_store else None, info.size,
+                                own_addresses(self.hostname, self.interface)))
 
     def _formed(self, info: RoundInfo, store: Any, make: Callable[[Callable[[Any], None]], Any],
                 what: str, *, confirm: bool = False) -> RoundGroup:

@@ -11,12 +11,13 @@ timeout) and every worker downloaded them. A member needs its peers' addresses f
 
 Forming a group, each member writes its own address to the round's store and reads every peer's (Gloo's
 full mesh; NCCL's unique id, rank 0's only). :class:`Peers` rides on that: every value a member writes
-carries its rank and its host's addresses (:func:`own_addresses`, what its host name resolves to, which
-Gloo binds to) in a small envelope that the reader takes off before torch sees the value. Once the group
-has formed, a member has read every peer's envelope: no store operation and no DNS lookup more, and no
-byte of the driver's. The envelope is inside the value the store signs (``SignedStore``), so only holders
-of the job secret can claim an address. A value without one (an older worker's) is passed on unchanged and
-tells nothing: the group's connections are then every one its formation opened, as before.
+carries its rank and its host's addresses (:func:`own_addresses`: what its host name resolves to, which
+Gloo binds to, or ``--network-interface``'s) in a small envelope that the reader takes off before torch
+sees the value. Once the group has formed, a member has read every peer's envelope: no store operation
+and no DNS lookup more, and no byte of the driver's. The envelope is inside the value the store signs
+(``SignedStore``), so only holders of the job secret can claim an address. A value without one (an older
+worker's) is passed on unchanged and tells nothing: the group's connections are then every one its
+formation opened, as before.
 
 The evidence a worker sends is addresses, not host names (``RendezvousRequest.unreachable``); the driver
 names their hosts by the addresses each worker gives for its own host at rendezvous.
@@ -25,38 +26,71 @@ names their hosts by the addresses each worker gives for its own host at rendezv
 from __future__ import annotations
 
 import json
+import math
 import socket
 import threading
+import time
+from typing import Any, Callable
 
 from cloud_elastic.protocol import MAX_ADDRESSES
+from cloud_elastic.worker.interface import interface_addresses
 from cloud_elastic.worker.rounds.reclaim import connecting_to, plain_ip
 
-__all__ = ["Peers", "own_addresses"]
+__all__ = ["Peers", "OwnAddresses", "own_addresses"]
 
 #: Marks a value that carries an envelope (no value torch writes starts with it: ours all do).
 _MAGIC = b"\x00ce-peer/1\x00"
 #: The most bytes of an envelope's header (a rank and a few addresses).
 _MAX_HEADER = 1024
 
-_resolved: dict[str, tuple[str, ...]] = {}
-_resolved_lock = threading.Lock()
+
+class OwnAddresses:
+    """This worker's host's addresses, as :func:`own_addresses` gives them; thread-safe.
+
+    A name resolved is kept for the process's life; a name that does not resolve (one only the driver knows, from
+    its ``~/.ssh/config`` or ``/etc/hosts``) is not asked again for ``retry_s``: the resolver's timeout (5 s, twice,
+    per search domain by glibc's defaults) was waited at every rendezvous and every round's store. At most
+    ``limit`` names are kept, the oldest dropped first. ``resolve`` and ``clock``: ``socket.getaddrinfo`` and
+    ``time.monotonic``, or a test's.
+    """
+
+    def __init__(self, resolve: Callable[..., Any] = socket.getaddrinfo, clock: Callable[[], float] = time.monotonic,
+                 retry_s: float = 60.0, limit: int = 64) -> None:
+        self._resolve, self._clock, self._retry_s, self._limit = resolve, clock, retry_s, limit
+        self._known: dict[str, tuple[tuple[str, ...], float]] = {}  # name -> (addresses, until when: inf, or a retry)
+        self._lock = threading.Lock()
+
+    def __call__(self, hostname: str, interface: str | None = None) -> tuple[str, ...]:
+        """The addresses of ``interface`` when given (``--network-interface``: Gloo binds its address, whatever
+        the name resolves to, and nothing is resolved), else those ``hostname`` resolves to; () when none."""
+        if interface:
+            return interface_addresses(interface)[:MAX_ADDRESSES]
+        now = self._clock()
+        with self._lock:
+            known = self._known.get(hostname)
+        if known is not None and now < known[1]:
+            return known[0]
+        try:
+            found = self._resolve(hostname, None, proto=socket.IPPROTO_TCP)
+            addresses, until = tuple(dict.fromkeys(plain_ip(entry[4][0]) for entry in found))[:MAX_ADDRESSES], math.inf
+        except OSError:
+            addresses, until = (), now + self._retry_s
+        with self._lock:
+            self._known.pop(hostname, None)
+            self._known[hostname] = (addresses, until)
+            while len(self._known) > self._limit:
+                del self._known[next(iter(self._known))]
+        return addresses
 
 
-def own_addresses(hostname: str) -> tuple[str, ...]:
-    """The IP addresses ``hostname`` (this worker's host, as the driver names it) resolves to: those Gloo binds
-    its group to. Resolved once per process; () when it does not resolve (tried again next time)."""
-    with _resolved_lock:
-        known = _resolved.get(hostname)
-    if known is not None:
-        return known
-    try:
-        found = socket.getaddrinfo(hostname, None, proto=socket.IPPROTO_TCP)
-    except OSError:
-        return ()
-    addresses = tuple(dict.fromkeys(plain_ip(entry[4][0]) for entry in found))[:MAX_ADDRESSES]
-    with _resolved_lock:
-        _resolved[hostname] = addresses
-    return addresses
+#: The process's (see :class:`OwnAddresses`).
+_own = OwnAddresses()
+
+
+def own_addresses(hostname: str, interface: str | None = None) -> tuple[str, ...]:
+    """This worker's host's IP addresses, those Gloo binds its group to: ``interface``'s when given, else what
+    ``hostname`` (its host, as the driver names it) resolves to; () when none (see :class:`OwnAddresses`)."""
+    return _own(hostname, interface)
 
 
 class Peers:
