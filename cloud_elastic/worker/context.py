@@ -187,6 +187,11 @@ class WorkerContext(NextGroupMixin, DriverLinkMixin, RoundGroupsMixin, ExitingMi
         return self.ledger.commit_seq
 
     @property
+    def holds_commit(self) -> bool:
+        """``ledger.holds_commit``: whether it can restore that commit exactly (not while it follows)."""
+        return self.ledger.holds_commit
+
+    @property
     def window(self) -> CommitWindow:
         """``ledger.window``: each collective started is shown to it."""
         return self.ledger.window

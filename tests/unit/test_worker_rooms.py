@@ -101,7 +101,7 @@ class Link(DriverLinkMixin):
         self._shutdown = threading.Event()
         self.progress = Progress()
         self._seen_round = self._seen_update = self._seen_abort = 0
-        self.commits, self.commit_seq = 4, 4
+        self.commits, self.commit_seq, self.holds_commit = 4, 4, True
         self.heartbeat_timeout_s = 5.0
         self.driver_lost = False
         self.driver_grace_s = 15.0

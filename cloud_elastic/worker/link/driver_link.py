@@ -320,7 +320,7 @@ class DriverLinkMixin:
                                 pause_s=pauses.expected_s(first_step=self._first_step_of_round()),
                                 next_plan=self.next_plan, elastic=getattr(self, "elastic_entered", False),
                                 stacks_signal=stacks_signal_armed(), trained=self._trained(),
-                                holds_commit=self.ledger.holds_commit).to_wire(),
+                                holds_commit=self.holds_commit).to_wire(),
                     timeout_s=self.heartbeat_timeout_s + 10,
                 ))
                 if reply.reregister:
