@@ -392,6 +392,7 @@ def main() -> None:
     docsection.add_arguments(p)
     args = p.parse_args()
     repeats, bound = args.repeats or (1 if args.quick else 7), args.bound or (30.0 if args.quick else 90.0)
+    os.environ.setdefault("CLOUD_ELASTIC_FOLLOW", "1")  # follow-mode admission, opt-in (commit.follow)
     os.environ.setdefault("RUST_LOG", "warn")  # the Lighthouse in this process logs every quorum at info
     chosen = {n: f for n, f in SYSTEMS.items() if args.peers or n == CLOUD_ELASTIC}
     sizes = {mb: with_state(mb) for mb in parse_sizes(args.state_mb if args.state_mb is not None

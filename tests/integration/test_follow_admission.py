@@ -26,8 +26,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 FOLLOW_PROBE = REPO / "tests" / "integration" / "follow_probe.py"
 _WINDOW = re.compile(r"rank\(s\) \[2\] follow from commit (\d+): (\d+) piece\(s\) over (\d+) commit\(s\)")
 THREE = ["127.0.0.1", "127.0.0.2", "127.0.0.3"]
-#: 400 bytes a commit: the probe's model (about 2 kB of state with SGD momentum) needs a window of several commits.
-SMALL_PIECES = {"CLOUD_ELASTIC_FOLLOW_MB": "0.0004"}
+#: Follow mode on (it is off by default), 400 bytes a commit: the probe's model (about 2 kB of state with SGD
+#: momentum) needs a window of several commits.
+SMALL_PIECES = {"CLOUD_ELASTIC_FOLLOW": "1", "CLOUD_ELASTIC_FOLLOW_MB": "0.0004"}
 
 
 def _start(jobs, tmp_path, *probe_args: str, env: dict[str, str] | None = None, hosts: HostsFile | None = None,

@@ -101,7 +101,7 @@ def test_a_single_holder_gives_a_newcomer_the_whole_sync_so_its_host_can_go_at_o
     hosts = HostsFile(tmp_path, ["127.0.0.1:1"])
     job = jobs(["run", "-np", "1", "--host-discovery-script", str(hosts.script), "--discovery-interval", "0.2",
                 "--host-missing-grace", "0.5", sys.executable, str(FOLLOW_PROBE), "--steps", "5", *LONG_WINDOW,
-                "--stop-when", str(stop)], env={"CLOUD_ELASTIC_FOLLOW_MB": "0.00004"})
+                "--stop-when", str(stop)], env={"CLOUD_ELASTIC_FOLLOW": "1", "CLOUD_ELASTIC_FOLLOW_MB": "0.00004"})
     job.wait_event("commit", rank=0, step=3, timeout=60)
     hosts.set(["127.0.0.2:1"])
     job.wait_for(lambda j: any("round 2 formed" in line for line in j.lines), 60, "the replacement admitted")

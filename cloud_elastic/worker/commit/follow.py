@@ -244,11 +244,11 @@ def _refusal(ctx: Any, state: Any, receivers: list[int], root_seq: int | None, f
         return "the receivers are not the newest ranks"
     if not root_seq or info.from_checkpoint:
         return "no trained commit to follow"
-    if fresh is None or not set(receivers) <= set(fresh):
-        return "a receiver held a commit of its own (a survivor of a failure)"
     exposed = _exposure(ctx, receivers)
     if exposed:
         return exposed
+    if fresh is None or not set(receivers) <= set(fresh):
+        return "a receiver held a commit of its own (a survivor of a failure)"
     handlers = list(state._handlers.values())
     if any(getattr(h, "sharded", False) for h in handlers):
         return "sharded state"
