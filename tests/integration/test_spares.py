@@ -89,7 +89,10 @@ def test_a_killed_worker_is_replaced_by_the_waiting_spare_holding_the_survivors_
     assert all(e["cycled"] == 0 for e in after), after  # the restore and the heal left no tensor to the cyclic gc
     resets = job.of("reset", round=2)
     assert len(resets) == 2 and all(r["executed"] - r["step"] <= 1 for r in resets), resets  # at most 1 step again
-    assert {r["step"] for r in resets} == {survivors[0]["step"]}
+    # The round goes on from the newest commit a survivor holds. Survivors may hold different ones: a victim killed
+    # inside an allreduce can let one survivor's allreduce (and commit) finish while the other's fails (seen under
+    # load: resets at steps 5 and 6, the one at 6 made rank 0 and the other synced to it).
+    assert max(r["step"] for r in resets) == survivors[0]["step"], (resets, survivors)
     # Discovery's next free slot (the fifth host; the victim's is blacklisted) becomes the next spare.
     [refill] = spares_ready(job, not_on=(host_of(spare),))
     assert host_of(refill) == FIVE[4], refill
