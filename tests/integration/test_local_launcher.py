@@ -1,11 +1,13 @@
-"""LocalLauncher with real processes: stopping never blocks the caller and leaves no process behind, and a
-worker forked from the fork server is what ``python SCRIPT`` would have started."""
+"""LocalLauncher with real processes: stopping never blocks the caller and leaves no process behind, a
+worker forked from the fork server is what ``python SCRIPT`` would have started, and an exit is told only
+once the worker's output has been read to its end."""
 
 from __future__ import annotations
 
 import json
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -16,6 +18,7 @@ import pytest
 from cloud_elastic.driver.launch import forkserver
 from cloud_elastic.driver.launch.api import WorkerSpec
 from cloud_elastic.driver.launch.local import ForkedProcess, LocalLauncher, LocalProcess
+from tests.integration.harness import CLI
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -226,3 +229,88 @@ def test_other_commands_and_a_disabled_fork_server_start_workers_from_scratch(tm
     proc, report, _ = _launch_script(launcher, tmp_path, "w1", "exit", "0")
     assert isinstance(proc, LocalProcess) and not report["torch_loaded"]
     assert _wait(proc.poll, 30, "the worker's exit").code == 0
+
+
+# ------------------------------------------------------------------- the output before the exit
+# A worker's exit is judged only once its output has been read to its end: the last line it printed (often why it
+# ended) is in the job's end line even when the driver's own stdout is read slowly (a pager, a stalled terminal),
+# which holds back the thread that reads the worker's output. Before, ``poll`` told the exit as soon as the process
+# ended: the driver judged it with its error line still in the pipe, the end line said only "exited with code 1",
+# and the lines after the stall never reached the user at all (the driver exited first).
+
+# About 100 KB of output, then the line it dies with: more than the driver's stdout pipe takes unread, less than
+# that pipe, the worker's pipe and the chunk its reader holds take together, so the worker can exit meanwhile.
+_WORKER = """
+import os, sys
+with open("pid.tmp", "w") as f:
+    f.write(str(os.getpid()))
+os.rename("pid.tmp", "pid")
+for i in range(1500):
+    print(f"filler line {i:05d} " + "x" * 50)
+print("ValueError: bad batch 7", flush=True)
+sys.exit(1)
+"""
+
+
+def _state(pid: int) -> str:
+    """``pid``'s state letter in ``/proc`` ("Z" for a zombie its parent has yet to wait for); "" once reaped."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
+
+
+def test_the_end_line_names_the_error_a_worker_printed_while_the_drivers_stdout_was_not_read(tmp_path):
+    (tmp_path / "train.py").write_text(_WORKER)
+    err = tmp_path / "stderr"
+    # Workers started from scratch are the driver's own children: a zombie until the driver looks at its exit,
+    # which is how this test knows the driver has seen it, with the error line still unread behind the filler.
+    env = {**os.environ, "CLOUD_ELASTIC_LOCAL_FORKSERVER": "0", "PYTHONUNBUFFERED": "1"}
+    with open(err, "w") as stderr:
+        driver = subprocess.Popen([*CLI, "run", "-np", "1", "-H", "127.0.0.1:1", sys.executable, "train.py"],
+                                  cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=stderr,
+                                  stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        worker = int(_wait(lambda: (tmp_path / "pid").exists() and (tmp_path / "pid").read_text(), 30,
+                           "the worker to start"))
+        _wait(lambda: _state(worker) == "", 30, "the driver to see the worker's exit")
+        out = driver.stdout.read()  # the user reads on: the stalled lines go out
+        assert driver.wait(30) == 1
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+    last = err.read_text().splitlines()[-1]
+    assert last.endswith("exited with code 1 after printing: ValueError: bad batch 7"), last
+    assert out.count(b"filler line") == 1500 and out.endswith(b"ValueError: bad batch 7\n"), out[-200:]
+
+
+@pytest.mark.parametrize("how", ["forked", "started from scratch"])
+def test_an_exit_is_told_only_once_the_output_is_read_to_its_end(tmp_path, monkeypatch, request, how):
+    if how == "forked":
+        request.getfixturevalue("parent_of_servers")  # forked from a server without a torch import of its own
+    else:
+        monkeypatch.setenv("CLOUD_ELASTIC_LOCAL_FORKSERVER", "0")
+    (tmp_path / "train.py").write_text("import sys\nprint('training')\nprint('ValueError: bad batch 7')\n"
+                                       "sys.exit(1)\n")
+    stalled, lines = threading.Event(), []
+
+    def on_output(line: str) -> None:  # the driver's forwarding, held up by its own stdout
+        stalled.wait(30)
+        lines.append(line)
+
+    launcher = LocalLauncher()
+    try:
+        spec = WorkerSpec(worker_id="w1", host="127.0.0.1", slot=0, env={}, secret="s", cwd=str(tmp_path),
+                          command=("python", "train.py"))
+        proc = launcher.launch(spec, on_output)
+        assert isinstance(proc, ForkedProcess if how == "forked" else LocalProcess)
+        # Ended: reaped by its fork server, or a zombie of this process.
+        _wait(lambda: _state(proc.pid) in ("", "Z"), 30, "the worker to end")
+        assert proc.poll() is None, lines  # its last lines are not read yet
+        stalled.set()
+        status = _wait(proc.poll, 10, "the exit once the output is read")
+        assert (status.code, lines) == (1, ["training", "ValueError: bad batch 7"])
+    finally:
+        stalled.set()
+        launcher.close()

@@ -20,6 +20,9 @@ Guarantees every launcher gives:
   them for many workers: ``kill`` sends the KILL (to the whole group, and for
   SSH the order to the remote side) and leaves the waiting to ``poll`` and to
   the launcher's own threads; a stopped worker leaves no process behind.
+* ``poll`` tells an exit only once the worker's output has gone to ``on_output`` to its end (or a short
+  bound after the exit, when something else holds that output open): the last line a worker printed,
+  often why it ended, is known when its exit is judged.
 * Output is delivered line by line to the ``on_output`` callback from a
   thread the launcher owns.
 """
@@ -58,7 +61,8 @@ class WorkerProcess(Protocol):
     spec: WorkerSpec
 
     def poll(self) -> ExitStatus | None:
-        """The exit status if the process has ended, else ``None``. Never blocks."""
+        """The exit status if the process has ended and its output was read (see module docstring), else ``None``.
+        Never blocks."""
 
     def terminate(self, grace_s: float = 5.0) -> None:
         """Stop the whole process group: TERM, then KILL after ``grace_s``. Idempotent; may block up to grace_s."""

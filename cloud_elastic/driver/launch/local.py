@@ -37,6 +37,10 @@ _CHUNK = 64 * 1024
 _BREAK = re.compile(rb"\r\n|\r|\n")
 #: A progress bar redrawn in place (lines ended by a bare \r) is forwarded at most once per this many seconds.
 REDRAW_EVERY_S = 5.0
+#: How long after a worker's exit was first seen its output may still be read before the exit is told anyway
+#: (:class:`OutputEnd`): the pipe ends at once unless a child the worker left holds it open, or the driver's own
+#: stdout is blocked (a pager, a stalled terminal) and so its reader is behind.
+DRAIN_WAIT_S = 2.0
 
 
 def forward_lines(stream, on_output: OutputSink, *, on_first_data: Callable[[], None] | None = None,
@@ -127,6 +131,39 @@ def _text(raw: bytes) -> str:
     return raw.decode(errors="replace")
 
 
+class OutputEnd:
+    """Whether a local worker's exit may be told yet: only once its output reader has read the pipe to its end,
+    so that its last lines (the error line it died with among them: the job's end line names it) have been
+    forwarded before its exit is judged; or :data:`DRAIN_WAIT_S` after the exit was first seen, whatever holds
+    the pipe. ``reader`` None (a process of no output of ours) never holds an exit back."""
+
+    def __init__(self, reader: threading.Thread | None, clock: Callable[[], float] = time.monotonic) -> None:
+        self._reader = reader
+        self._clock = clock
+        self._exited_at: float | None = None
+
+    def holds(self) -> bool:
+        """Called with the exit seen: True while its output is still being read, within the bound."""
+        if self._reader is None or not self._reader.is_alive():
+            return False
+        now = self._clock()
+        if self._exited_at is None:
+            self._exited_at = now
+        return now - self._exited_at < DRAIN_WAIT_S
+
+    def wait(self) -> None:
+        """Block until the output is read to its end, or the bound is up (a stop, which may block)."""
+        if self._reader is not None:
+            self._reader.join(DRAIN_WAIT_S)
+
+
+def _read_output(stream, on_output: OutputSink, worker_id: str) -> threading.Thread:
+    """Start the thread that forwards ``stream`` (a worker's stdout and stderr) line by line; return it."""
+    reader = threading.Thread(target=forward_lines, args=(stream, on_output), name=f"out-{worker_id}", daemon=True)
+    reader.start()
+    return reader
+
+
 def kill_group(pid: int, sig: int) -> None:
     """Send ``sig`` to process group ``pid``; a group that is gone is fine."""
     try:
@@ -155,13 +192,15 @@ class LocalProcess:
 
     ``poll`` and ``kill`` never block; ``terminate`` blocks up to its grace.
     The child stays unreaped (a zombie) until ``poll`` or ``terminate`` sees it end.
+    ``reader`` is the thread reading its output: its exit is told once that has read it all (:class:`OutputEnd`).
     """
 
-    def __init__(self, spec: WorkerSpec, popen: subprocess.Popen) -> None:
+    def __init__(self, spec: WorkerSpec, popen: subprocess.Popen, reader: threading.Thread | None = None) -> None:
         self.spec = spec
         self._popen = popen
         self._lock = threading.Lock()
         self._start = process_start_time(popen.pid)
+        self._output = OutputEnd(reader)
 
     def handle(self) -> dict[str, object]:
         """How a restarted driver finds this process again (see :mod:`cloud_elastic.driver.restart.record`)."""
@@ -172,9 +211,9 @@ class LocalProcess:
         return self._popen.pid
 
     def poll(self) -> ExitStatus | None:
-        """The exit status once the child has ended (reaping it), else ``None``. Never blocks."""
+        """The exit status once the child has ended (reaping it) and its output is read, else ``None``. Never blocks."""
         code = self._popen.poll()
-        return None if code is None else ExitStatus(code)
+        return None if code is None or self._output.holds() else ExitStatus(code)
 
     def terminate(self, grace_s: float = 5.0) -> None:
         """TERM the group, KILL it after ``grace_s``, reap the child. Blocks up to ``grace_s``; idempotent."""
@@ -187,6 +226,7 @@ class LocalProcess:
             # Children the worker left behind in its group go too.
             kill_group(self._popen.pid, signal.SIGKILL)
             self._popen.wait()
+        self._output.wait()
 
     def kill(self) -> None:
         """SIGKILL the whole group and return at once; ``poll`` reaps the child. Idempotent."""
@@ -207,15 +247,16 @@ class ForkedProcess:
 
     The server is its parent and reaps it at once, so its pid could be reused after its
     exit: signals go to it only while its exit is unreported and ``/proc`` still shows
-    the process that started.
+    the process that started. Its exit is told once ``reader`` has read its output (:class:`OutputEnd`).
     """
 
-    def __init__(self, spec: WorkerSpec, server: ForkServer, pid: int) -> None:
+    def __init__(self, spec: WorkerSpec, server: ForkServer, pid: int, reader: threading.Thread | None = None) -> None:
         self.spec = spec
         self._server = server
         self._pid = pid
         self._lock = threading.Lock()
         self._start = process_start_time(pid)
+        self._output = OutputEnd(reader)
 
     def handle(self) -> dict[str, object]:
         return {"kind": "local", "pid": self._pid, "start": self._start}
@@ -228,6 +269,10 @@ class ForkedProcess:
         return self._server.exit_code(self._pid) is None and process_start_time(self._pid) == self._start
 
     def poll(self) -> ExitStatus | None:
+        status = self._ended()
+        return None if status is None or self._output.holds() else status
+
+    def _ended(self) -> ExitStatus | None:
         code = self._server.exit_code(self._pid)
         if code is not None:
             return ExitStatus(code)
@@ -241,15 +286,16 @@ class ForkedProcess:
 
     def terminate(self, grace_s: float = 5.0) -> None:
         with self._lock:
-            if self.poll() is None:
+            if self._ended() is None:
                 self._signal_group(signal.SIGTERM)
                 deadline = time.monotonic() + grace_s
-                while self.poll() is None and time.monotonic() < deadline:
+                while self._ended() is None and time.monotonic() < deadline:
                     time.sleep(0.05)
             self._signal_group(signal.SIGKILL)
             deadline = time.monotonic() + 10
-            while self.poll() is None and time.monotonic() < deadline:
+            while self._ended() is None and time.monotonic() < deadline:
                 self._server.wait_exit(self._pid, 0.2)
+        self._output.wait()
 
     def kill(self) -> None:
         self._signal_group(signal.SIGKILL)
@@ -341,10 +387,9 @@ class LocalLauncher:
             return None  # the server died: start this one from scratch
         finally:
             os.close(write_fd)
-        threading.Thread(target=forward_lines, args=(os.fdopen(read_fd, "rb"), on_output),
-                         name=f"out-{spec.worker_id}", daemon=True).start()
+        reader = _read_output(os.fdopen(read_fd, "rb"), on_output, spec.worker_id)
         log.debug("forked %s as pid %d", spec.worker_id, pid)
-        return ForkedProcess(spec, server, pid)
+        return ForkedProcess(spec, server, pid, reader)
 
     def launch(self, spec: WorkerSpec, on_output: OutputSink) -> LocalProcess | ForkedProcess:
         env = dict(os.environ)
@@ -377,11 +422,9 @@ class LocalLauncher:
             raise LaunchError(f"cannot start {spec.command[0]!r} for {spec.worker_id}: {exc.strerror or exc}") from exc
         finally:
             os.close(secret_fd)
-        threading.Thread(
-            target=forward_lines, args=(popen.stdout, on_output), name=f"out-{spec.worker_id}", daemon=True
-        ).start()
+        reader = _read_output(popen.stdout, on_output, spec.worker_id)
         log.debug("started %s as pid %d", spec.worker_id, popen.pid)
-        return LocalProcess(spec, popen)
+        return LocalProcess(spec, popen, reader)
 
     def close(self) -> None:
         with self._servers_lock:
