@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import pytest
 
-from cloud_elastic.driver.job.exit_status import ERROR_SCAN_CHARS, LAST_ERROR_WINDOW_S, MAX_LAST_ERROR, ExitStatus, LastErrors
+from cloud_elastic.driver.job.exit_status import (ERROR_SCAN_CHARS, LAST_ERROR_WINDOW_S, MAX_LAST_ERROR, ExitStatus,
+                                                  LastErrors, reported_error_line)
+from cloud_elastic.protocol_reports import MAX_ERROR_LINE
 from tests.unit.test_job import Sim
 from tests.unit.test_unreachable_driver import LINE, launched
 
@@ -162,3 +164,13 @@ def test_other_errors_get_no_torchrun_hint(line: str) -> None:
     last = LastErrors(_Clock())
     last.offer("w", line)
     assert last.attach("w", ExitStatus(1))[0].last_error == line
+
+
+def test_a_half_ported_scripts_reported_error_gets_the_hint_within_the_bound() -> None:
+    """fixL: a script that reached the driver (``hvd.init()``) reports what it raised in its exit report, which the
+    end line shows instead of its output's last line: the hint goes there too, within the report's bound."""
+    assert reported_error_line(f"{TORCH_ENV_LINE}\nmore") == TORCH_ENV_LINE + HINT
+    assert reported_error_line("KeyError: 'LOCAL_RANK'") == "KeyError: 'LOCAL_RANK'" + HINT
+    long = reported_error_line(TORCH_ENV_LINE + " and so on" * 100)
+    assert len(long) <= MAX_ERROR_LINE and long.endswith("…" + HINT) and long.startswith(TORCH_ENV_LINE)
+    assert reported_error_line("KeyError: 'lr'") == "KeyError: 'lr'"

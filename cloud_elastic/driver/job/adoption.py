@@ -42,12 +42,11 @@ import logging
 from typing import Callable, Collection, Mapping
 
 from cloud_elastic.driver.job.actions import Phase
-from cloud_elastic.driver.job.exit_status import ExitStatus, signal_name
+from cloud_elastic.driver.job.exit_status import ExitStatus, reported_error_line, signal_name
 from cloud_elastic.driver.job.hosts import Slot
 from cloud_elastic.driver.job.view import JobView
 from cloud_elastic.driver.job.workers import WorkerRecord, WorkerState
 from cloud_elastic.protocol import AdoptRequest, RankInfo
-from cloud_elastic.protocol_reports import error_line
 
 __all__ = ["Adoption"]
 
@@ -218,7 +217,7 @@ class Adoption:
         self._told[worker_id] = code
         w = self._job.workers.get(worker_id)
         if w is not None and error and code != 0:
-            w.error = error_line(error)  # the failure's end lines name it (see .failures)
+            w.error = reported_error_line(error)  # the failure's end lines name it (see .failures)
         if code != 0:
             log.warning("job %s: worker %s is exiting with code %d%s", self._job.job_id, worker_id, code,
                         f" ({error})" if error else "")

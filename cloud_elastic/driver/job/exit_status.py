@@ -14,9 +14,9 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 from cloud_elastic.driver.job.repeats import CRASH_SIGNALS, death_signal
-from cloud_elastic.protocol_reports import said_own_reason
+from cloud_elastic.protocol_reports import MAX_ERROR_LINE, error_line, said_own_reason
 
-__all__ = ["ExitStatus", "LastErrors", "signal_name"]
+__all__ = ["ExitStatus", "LastErrors", "reported_error_line", "signal_name"]
 
 #: An output line that reads as an error: a C++ exception's ``what():`` (Gloo's ``EnforceNotMet``), ``terminate
 #: called ...``, a Python ``SomeError: ...`` / ``SomeException: ...`` line (not faulthandler's dump that follows),
@@ -105,7 +105,7 @@ class LastErrors:
         if own:
             self._last[worker_id] = (own, self._clock(), True)
         elif _ERROR_LINE.match(line, 0, ERROR_SCAN_CHARS) and not self._last.get(worker_id, ("", 0.0, False))[2]:
-            if _TORCHRUN_LINE.match(line, 0, ERROR_SCAN_CHARS):
+            if _torchrun_line(line):
                 line = line.strip()[:MAX_LAST_ERROR - len(_TORCHRUN_HINT)] + _TORCHRUN_HINT
             self._last[worker_id] = (line.strip()[:MAX_LAST_ERROR], self._clock(), False)
 
@@ -121,6 +121,21 @@ class LastErrors:
         if died_by in CRASH_SIGNALS or (died_by is None and status.code > 0 and not reported):
             return replace(status, last_error=line), ""
         return status, ""
+
+
+def _torchrun_line(line: str) -> bool:
+    return bool(_TORCHRUN_LINE.match(line, 0, ERROR_SCAN_CHARS))
+
+
+def reported_error_line(error: str) -> str:
+    """The line the job's messages show for the error a worker's script reported it ended with (its exit report):
+    :func:`~cloud_elastic.protocol_reports.error_line`'s, with :data:`_TORCHRUN_HINT` after a torchrun script's
+    line, within the same bound. Such a script was ported half-way: ``hvd.init()`` reached the driver, and then
+    it still called ``init_process_group()`` or read ``LOCAL_RANK``; its exit report, not its output, names why
+    it ended, so :class:`LastErrors` never sees that line."""
+    if _torchrun_line(error.strip()):
+        return error_line(error, MAX_ERROR_LINE - len(_TORCHRUN_HINT)) + _TORCHRUN_HINT
+    return error_line(error)
 
 
 def signal_name(number: int) -> str:

@@ -73,10 +73,9 @@ from __future__ import annotations
 import logging
 
 from cloud_elastic.driver.job.actions import Phase, Stop
-from cloud_elastic.driver.job.exit_status import ExitStatus, signal_name
+from cloud_elastic.driver.job.exit_status import ExitStatus, reported_error_line, signal_name
 from cloud_elastic.driver.job.view import JobView
 from cloud_elastic.driver.job.workers import WorkerRecord, WorkerState
-from cloud_elastic.protocol_reports import error_line
 
 __all__ = ["FixedSize", "FIXED_SIZE"]
 
@@ -139,7 +138,7 @@ class FixedSize:
         """
         job = self._job
         if error:
-            w.error = self._errors[w.worker_id] = error_line(error)  # the failure's lines name it
+            w.error = self._errors[w.worker_id] = reported_error_line(error)  # the failure's lines name it
         if self.elastic:
             # Another worker entered elastic.run: an elastic job, in whose set-up w ended (or failed). Its exit is
             # judged as any elastic worker's. Only a worker's entering decides: a commit does not (a worker refuses
