@@ -114,10 +114,24 @@ def test_a_second_signal_stops_at_once() -> None:
                                          "checkpoint is of step 10, the last commit 9:")
 
 
-def test_without_a_checkpoint_dir_a_signal_ends_the_job_at_once_as_before() -> None:
+LOST = ("; no --checkpoint-dir: no checkpoint was written, so the state the workers trained in memory is lost unless "
+        "the script saved its own")
+
+
+def test_without_a_checkpoint_dir_a_signal_ends_the_job_at_once_saying_the_trained_state_is_lost() -> None:
+    """Review s63 rvU finding 8: the line said only "interrupted by SIGINT", and a torchrun user expects a checkpoint
+    of the script's own: it now says the trained state was kept nowhere durable."""
     sim = training(checkpointing=False)
     stop(sim, *SIGINT, grace_s=GRACE)
-    assert sim.outcome is not None and (sim.outcome.reason, sim.outcome.exit_code) == SIGINT
+    assert sim.outcome is not None and (sim.outcome.reason, sim.outcome.exit_code) == (SIGINT[0] + LOST, 130)
+
+
+def test_without_a_checkpoint_dir_a_signal_before_any_round_formed_says_nothing_of_lost_state() -> None:
+    sim = Sim(2, checkpointing=False)
+    sim.discover({"a": 1, "b": 1})
+    sim.join("a[0]")  # b has not come: no round formed, nothing trained
+    stop(sim, *SIGINT, grace_s=GRACE)
+    assert sim.outcome is not None and sim.outcome.reason == SIGINT[0]
 
 
 def test_a_signal_before_any_worker_holds_state_ends_the_job_at_once() -> None:

@@ -449,7 +449,7 @@ class ElasticJob(JobState):
         if now is not None and self.stopping.begin(reason, exit_code, now, grace_s):
             self._step(now)
             return
-        self._finish(False, reason + self.stopping.no_commit.stop_note(), exit_code)  # saved nothing: says so
+        self._finish(False, reason + self.stopping.unsaved(), exit_code)  # saved nothing: says so
 
     # ------------------------------------------------------------ adoption
     def begin_adoption(self, last_seq: int) -> None:

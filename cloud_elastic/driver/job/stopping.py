@@ -21,6 +21,8 @@ when the members' next commit is not expected in time for rank 0 to checkpoint i
 nothing), unless a worker at rendezvous holds a commit to checkpoint. Waiting in vain costs at most
 ``grace_s``; not waiting costs every step since the last checkpoint: so a pace not yet known (fewer than two
 commits seen in their round) is waited for. A second signal during the graceful stop ends it at once too.
+A stop at once says in its line what it did not save (:meth:`GracefulStop.unsaved`): without ``--checkpoint-dir``,
+that no checkpoint holds what the workers trained.
 
 Training that completes during the stop ends the job as any completion does (success, exit 0), within the
 stop's time. The end line says a checkpoint holds the last commit only when one reported stored is of the
@@ -265,6 +267,20 @@ class GracefulStop:
         # tell late): commits made since it may be lost.
         return (f"the workers stopped before reaching a commit to checkpoint: the same command resumes from the last "
                 f"checkpoint, of step {step}, and redoes any step committed after it")
+
+    def unsaved(self) -> str:
+        """What a stop that ends the job at once adds to its line: without ``--checkpoint-dir``, once a round has
+        formed (workers may have trained), that no checkpoint holds what they trained (a torchrun user expects one
+        of the script's own); with it, :meth:`.NoCommitWatch.stop_note`. A round, not a commit or a worker's entry
+        into ``hvd.elastic.run``: the driver hears of those with a heartbeat's delay, and a script that never
+        enters it trains in memory too."""
+        job = self._job
+        if job.policy.checkpointing:
+            return self.no_commit.stop_note()
+        if job.round <= 0 and not job.state_committed:
+            return ""
+        return ("; no --checkpoint-dir: no checkpoint was written, so the state the workers trained in memory is "
+                "lost unless the script saved its own")
 
     def now_instead(self, reason: str, exit_code: int) -> None:
         """A second signal: end the job at once (the workers are stopped), saying what the next run redoes."""
