@@ -142,6 +142,9 @@ class AddressMappedDiscovery(HostDiscovery):
     def release(self, host: str, instance: str | None) -> None:
         self.inner.release(self._origin.get(host, host), instance)
 
+    def releases(self, host: str) -> bool:
+        return self.inner.releases(self._origin.get(host, host))
+
     def wake_on_news(self, wake: Callable[[], None]) -> None:
         self.inner.wake_on_news(wake)
 

@@ -231,6 +231,13 @@ class HostDiscovery(abc.ABC):
         instance; raises DiscoveryError like :meth:`find`. The default does nothing.
         """
 
+    def releases(self, host: str) -> bool:
+        """Whether :meth:`release` of ``host`` lets anything go: only then does the driver log that it released
+        the host "to the cloud". The default: whether the class overrides :meth:`release` (a ``-H`` list or a
+        discovery script holds nothing). A provider over others (several sources, an address map) asks the one
+        behind ``host``."""
+        return type(self).release is not HostDiscovery.release
+
     #: Whether :meth:`set_capacity` can change the group (``--manage-capacity`` refuses a source without it).
     can_set_capacity: ClassVar[bool] = False
 

@@ -458,12 +458,16 @@ class MultiSourceDiscovery(HostDiscovery):
     # ----------------------------------------------------------- the others
     def release(self, host: str, instance: str | None) -> None:
         owner = self._owner(host)
-        if owner is not None:
+        if owner is not None and owner.discovery.releases(host):  # a script's or a -H list's: nothing to let go
             with owner.calls.start(lambda: not owner.caller.busy) as started:
                 if started:
                     owner.discovery.release(host, instance)
             if not started:  # another call to it runs (its find() given up on): released once it has ended
                 owner.releases.append((host, instance))
+
+    def releases(self, host: str) -> bool:
+        owner = self._owner(host)
+        return owner is not None and owner.discovery.releases(host)
 
     def _release_held(self, source: SourceState) -> None:
         while source.releases:

@@ -12,7 +12,10 @@ import pytest
 
 from cloud_elastic.driver.runtime.discovery import MAX_BACKOFF_S, DiscoveryFailure, DiscoveryPoller, FailingStreak
 from cloud_elastic.errors import RetryableDiscoveryError
+from cloud_elastic.providers.addressmap import AddressMappedDiscovery, parse_address_map
 from cloud_elastic.providers.api import DiscoveredHosts, HostDiscovery
+from cloud_elastic.providers.multi import MultiSourceDiscovery
+from cloud_elastic.providers.sources import SourceSpec
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -231,5 +234,60 @@ def test_released_to_the_cloud_is_said_only_by_a_provider_that_releases(provider
     if provider_class is ReleasingProvider:
         assert provider.released == [("10.0.0.5", "i-1")]
         assert said == ["released drained host 10.0.0.5 (i-1) to the cloud"]
+    else:
+        assert said == []
+
+
+class Listing(PushProvider):
+    """A -H list or a discovery script listing one host: it holds nothing to let go."""
+
+    def __init__(self, host: str) -> None:
+        super().__init__()
+        self.host = host
+
+    def find(self) -> DiscoveredHosts:
+        return DiscoveredHosts(ready={self.host: 1})
+
+
+class Holding(Listing):
+    """A cloud group of one host that holds it for the job while it leaves (an AWS lifecycle hook)."""
+
+    def __init__(self, host: str) -> None:
+        super().__init__(host)
+        self.released: list[tuple[str, str | None]] = []
+
+    release = ReleasingProvider.release
+
+
+def _released_said(poller: DiscoveryPoller, hosts: list[tuple[str, str | None]], caplog) -> list[str]:
+    poller.poll_once()  # which source lists which host
+    with caplog.at_level(logging.INFO, logger="cloud_elastic"):
+        for host, instance in hosts:
+            poller.release(host, instance)
+        poller._release_queued()
+    return [r.getMessage() for r in caplog.records if "released drained host" in r.getMessage()]
+
+
+def test_of_several_sources_only_one_that_releases_says_released_to_the_cloud(caplog) -> None:
+    """fixL: a script source beside a cloud group logged "released ... to the cloud" for its own hosts: the
+    several-source provider overrides release, which the poller took for the source's."""
+    script, group = Listing("10.0.0.5"), Holding("10.0.0.6")
+    multi = MultiSourceDiscovery([(SourceSpec("script", "script"), script), (SourceSpec("asg", "aws"), group)])
+    poller = DiscoveryPoller(multi, lambda result: None, interval_s=3600)
+    said = _released_said(poller, [("10.0.0.5", None), ("10.0.0.6", "i-6")], caplog)
+    assert said == ["released drained host 10.0.0.6 (i-6) to the cloud"]
+    assert group.released == [("10.0.0.6", "i-6")]
+    multi.close()
+
+
+@pytest.mark.parametrize("inner_class", [Listing, Holding])
+def test_an_address_map_says_released_only_over_a_source_that_releases(inner_class, caplog) -> None:
+    # The map overrides release to pass it on, which the poller took for a release of its own.
+    inner = inner_class("10.0.1.5")
+    mapped = AddressMappedDiscovery(inner, parse_address_map(["10.0.1.0/24=127.0.1.0/24"]))
+    said = _released_said(DiscoveryPoller(mapped, lambda result: None, interval_s=3600), [("127.0.1.5", "i-5")],
+                          caplog)
+    if inner_class is Holding:
+        assert (said, inner.released) == (["released drained host 127.0.1.5 (i-5) to the cloud"], [("10.0.1.5", "i-5")])
     else:
         assert said == []

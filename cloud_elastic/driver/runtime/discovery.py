@@ -211,7 +211,7 @@ class DiscoveryPoller:
                 return
             try:
                 self._discovery.release(host, instance)
-                if type(self._discovery).release is not HostDiscovery.release:  # -H, a script: they hold nothing
+                if self._discovery.releases(host):  # -H, a script: they hold nothing (a source of several too)
                     log.info("released drained host %s%s to the cloud", host, f" ({instance})" if instance else "")
             except Exception as exc:  # the instance then waits out the cloud's own timeout; the job goes on
                 log.warning("could not release drained host %s: %s", host, exc)
