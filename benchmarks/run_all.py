@@ -66,6 +66,7 @@ BENCHMARKS = [
     Benchmark("store-server", "store_server.py", 180, 900),
     Benchmark("durable", "durable.py", 400, 3600),
     Benchmark("compression", "compression.py", 400, 3600),
+    Benchmark("archive-scan", "archive_scan.py", 120, 600),
     Benchmark("straggler", "straggler.py", 400, 1800),
     Benchmark("slow-link", "link_probe.py", 300, 900),
     Benchmark("early-return", "early_return.py", 400, 1800),

@@ -15,8 +15,10 @@ import errno
 import functools
 import io
 import os
-import pickletools
+import re
+import struct
 import zipfile
+from itertools import repeat
 from typing import IO, Any, Callable
 
 __all__ = ["MAX_NESTING", "stored_records"]
@@ -71,60 +73,122 @@ def _check_tuples(pickle: bytes) -> None:
     and recursively) nest at most :data:`MAX_NESTING` deep and expand, over all references to them, to at most
     :data:`_TUPLE_FACTOR` elements a byte. A dry run of the opcodes that torch's weights-only unpickler runs,
     keeping for each value on its stack only a tuple's (elements expanded, depth), else None; it stops at an
-    opcode or a stack it does not know, which that unpickler refuses by itself."""
+    opcode or a stack it does not know, which that unpickler refuses by itself. It runs on every checkpoint load
+    and state sync, so it is one pass over the bytes, not a decoder of every argument (``pickletools.genops`` took
+    0.6 s for a list of a million numbers): a run of one opcode that puts a number (or None, a bool, an empty
+    list or dict) on the stack is skipped in one regex match, and a string's bytes by its length."""
     budget = _TUPLE_FACTOR * len(pickle) + _TUPLE_SLACK
     stack: list[tuple[int, int] | None] = []
     marks: list[int] = []
     memo: dict[int, tuple[int, int] | None] = {}
     referenced = 0
-    try:
-        for op, arg, _ in pickletools.genops(pickle):
-            name = op.name
-            if name in _TUPLES:
-                start = marks.pop() if name == "TUPLE" else len(stack) - _TUPLES[name]
-                if start < 0:
+    end, at = len(pickle), 0
+    runs, u4 = _RUNS, _U4
+    while at < end:
+        op = pickle[at]
+        run = runs.get(op)
+        if run is not None:
+            found = run.match(pickle, at)
+            if found is None:  # its argument cut short
+                return
+            stack.extend(repeat(None, (found.end() - at) // run.size))
+            at = found.end()
+            continue
+        at += 1
+        if op == 0x58:  # BINUNICODE: a 4-byte length, then the string's bytes
+            at += 4 + (u4(pickle, at)[0] if at + 4 <= end else end)
+            if at > end:
+                return
+            stack.append(None)
+        elif op in _MEMO:  # BINPUT, LONG_BINPUT, BINGET, LONG_BINGET: a 1- or 4-byte index
+            width = _MEMO[op]
+            if at + width > end:
+                return
+            index = pickle[at] if width == 1 else u4(pickle, at)[0]
+            at += width
+            if op in _PUT:
+                if not stack:
                     return
-                items, stack[start:] = stack[start:], []
-                depth = 1 + max((item[1] for item in items if item), default=0)
-                if depth > MAX_NESTING:
-                    raise _Refused(f"nests tuples more than {MAX_NESTING} deep")
-                stack.append((1 + sum(item[0] if item else 1 for item in items), depth))
-            elif name in ("BINGET", "LONG_BINGET"):
-                item = memo[arg]
-                referenced += item[0] if item else 0
+                memo[index] = stack[-1]
+                continue
+            item = memo.get(index, _UNSET)
+            if item is _UNSET:
+                return
+            if item is not None:
+                referenced += item[0]
                 if referenced > budget:
                     raise _Refused(f"refers to tuples that expand to more than {budget:,} elements, the same ones "
                                    "referenced over and over")
-                stack.append(item)
-            elif name in ("BINPUT", "LONG_BINPUT"):
-                memo[arg] = stack[-1]
-            elif name == "MARK":
-                marks.append(len(stack))
-            elif name in ("APPENDS", "SETITEMS"):
-                del stack[marks.pop():]
-            elif name in _OTHERS and _OTHERS[name][0] <= len(stack):
-                pops, pushes = _OTHERS[name]
-                del stack[len(stack) - pops:]
-                stack.extend([None] * pushes)
-            else:  # STOP, or what the weights-only unpickler refuses by itself
+            stack.append(item)
+        elif op in _TUPLES:
+            start = (marks.pop() if marks else -1) if op == 0x74 else len(stack) - _TUPLES[op]
+            if start < 0:
                 return
-    except _Refused:
-        raise
-    except (ValueError, IndexError, KeyError):  # not a pickle as torch.save writes one: the load refuses it
-        return
+            size = depth = 0
+            for item in stack[start:]:
+                if item is None:
+                    size += 1
+                else:
+                    size += item[0]
+                    depth = max(depth, item[1])
+            if depth >= MAX_NESTING:
+                raise _Refused(f"nests tuples more than {MAX_NESTING} deep")
+            del stack[start:]
+            stack.append((1 + size, 1 + depth))
+        elif op == 0x28:  # MARK
+            marks.append(len(stack))
+        elif op == 0x65 or op == 0x75:  # APPENDS, SETITEMS: what is above the last mark goes
+            if not marks:
+                return
+            del stack[marks.pop():]
+        elif op in _OTHERS:
+            pops, pushes, width = _OTHERS[op]
+            if width < 0:  # SHORT_BINSTRING, LONG1: a length byte, then as many bytes
+                width = 1 + pickle[at] if at < end else end
+            if pops > len(stack) or at + width > end:
+                return
+            at += width
+            del stack[len(stack) - pops:]
+            stack.extend(repeat(None, pushes))
+        elif op == 0x63:  # GLOBAL: a module and a name, each ending at a newline
+            first = pickle.find(b"\n", at)
+            at = pickle.find(b"\n", first + 1) + 1 if first >= 0 else 0
+            if not at:
+                return
+            stack.append(None)
+        else:  # STOP, or what the weights-only unpickler refuses by itself
+            return
 
 
 class _Refused(ValueError):
     """A pickle whose tuples :func:`_check_tuples` refuses."""
 
 
-#: The tuple opcodes of torch's weights-only unpickler: how many values each takes off the stack (TUPLE: to its mark).
-_TUPLES = {"TUPLE": -1, "EMPTY_TUPLE": 0, "TUPLE1": 1, "TUPLE2": 2, "TUPLE3": 3}
-#: Its other opcodes but those of the memo and marks: (values taken off the stack, values put on it).
-_OTHERS = {"PROTO": (0, 0), "APPEND": (1, 0), "SETITEM": (2, 0), "REDUCE": (2, 1), "NEWOBJ": (2, 1), "BUILD": (1, 0),
-           "BINPERSID": (1, 1), "GLOBAL": (0, 1), **dict.fromkeys(
-               ("NONE", "NEWTRUE", "NEWFALSE", "EMPTY_LIST", "EMPTY_DICT", "EMPTY_SET", "BININT", "BININT1", "BININT2",
-                "BINFLOAT", "BINUNICODE", "SHORT_BINSTRING", "LONG1"), (0, 1))}
+class _Run:
+    """Consecutive opcodes of one kind that take ``width`` argument bytes each, matched at once."""
+
+    def __init__(self, op: int, width: int) -> None:
+        self.match = re.compile(b"(?:%s[\\x00-\\xff]{%d})+" % (re.escape(bytes([op])), width)).match
+        self.size = 1 + width
+
+
+_UNSET = object()
+_U4 = struct.Struct("<I").unpack_from
+#: The weights-only unpickler's opcodes that put a value other than a tuple on the stack and take none, by the
+#: bytes of their argument: NONE, NEWTRUE, NEWFALSE, EMPTY_LIST, EMPTY_DICT, EMPTY_SET; BININT1, BININT2, BININT,
+#: BINFLOAT.
+_RUNS = {op: _Run(op, width) for op, width in {0x4E: 0, 0x88: 0, 0x89: 0, 0x5D: 0, 0x7D: 0, 0x8F: 0, 0x4B: 1,
+                                                0x4D: 2, 0x4A: 4, 0x47: 8}.items()}
+#: BINPUT, LONG_BINPUT, BINGET, LONG_BINGET: the bytes of their index.
+_MEMO = {0x71: 1, 0x72: 4, 0x68: 1, 0x6A: 4}
+_PUT = (0x71, 0x72)
+#: TUPLE, EMPTY_TUPLE, TUPLE1, TUPLE2, TUPLE3: how many values each takes off the stack (TUPLE: down to its mark).
+_TUPLES = {0x74: -1, 0x29: 0, 0x85: 1, 0x86: 2, 0x87: 3}
+#: Its other opcodes but GLOBAL and those of the memo and marks: (values taken off the stack, values put on it,
+#: argument bytes, -1 for a length byte and as many bytes): PROTO, APPEND, SETITEM, REDUCE, NEWOBJ, BUILD,
+#: BINPERSID, SHORT_BINSTRING, LONG1.
+_OTHERS = {0x80: (0, 0, 1), 0x61: (1, 0, 0), 0x73: (2, 0, 0), 0x52: (2, 1, 0), 0x81: (2, 1, 0), 0x62: (1, 0, 0),
+           0x51: (1, 1, 0), 0x55: (0, 1, -1), 0x8A: (0, 1, -1)}
 
 
 class _OutOfArchive(OSError):

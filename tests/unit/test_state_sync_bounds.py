@@ -210,6 +210,30 @@ def test_a_tuple_key_whose_hash_never_ends_is_refused_before_the_load(tmp_path):
     assert (done.returncode, done.stdout.splitlines()) == (0, expected), done.stderr[-2000:]
 
 
+def _key_of_triples(levels: int) -> bytes:
+    """``{t: 1}`` where t = (t', 1, 2) at each of ``levels`` levels, each level's numbers a run of two opcodes (the
+    scan skips such runs in one match: each must still count as one value on the stack), ints then floats."""
+    level = (b"K\x01K\x02", b"G" + bytes(8) + b"G" + bytes(8))
+    return b"\x80\x02})" + b"".join(level[i % 2] + b"\x87" for i in range(levels)) + b"K\x01s."
+
+
+@pytest.mark.parametrize("levels, refused", [(200, None), (256, "nests tuples more than 256 deep")])
+def test_a_tuple_key_among_runs_of_numbers_is_measured_as_it_nests(levels, refused):
+    """The scan before the load counts a run of numbers as so many values: a key 257 tuples deep (the innermost
+    ``()`` included) is refused in one line (in a checkpoint too: the same scan), one 201 deep loads with its key as
+    it was sent."""
+    message = _archive(_key_of_triples(levels))
+    if refused is None:
+        (key,) = statecodec.decode(message, "state attributes")
+        for _ in range(levels - 1):
+            key = key[0]
+        assert key == ((), 1, 2), key
+        return
+    with pytest.raises(statecodec.StateSyncError, match=rf"^state attributes: received state {refused}: corrupt or "
+                                                        "forged$"):
+        statecodec.decode(message, "state attributes")
+
+
 def test_legitimate_states_sync_as_they_are_shared_tensors_kept_shared():
     """What a sync's small parts hold in real jobs: tied and shared tensors, views of one storage, nested optimizer
     states (the betas tuple every parameter group shares), LR schedulers (a SequentialLR nests others), a GradScaler,
