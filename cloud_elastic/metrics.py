@@ -36,6 +36,14 @@ log = logging.getLogger(__name__)
 _EXTRA_HINT = "--metrics-port needs the prometheus-client package: pip install 'cloud-elastic[metrics]'"
 
 
+def _raise_to(counter: Any, counted: float, total: float | None) -> float:
+    """Raise ``counter`` from ``counted`` to a running ``total`` (None: not said), never lower; what it counts now."""
+    if total is None or total <= counted:
+        return counted
+    counter.inc(total - counted)
+    return total
+
+
 class StepRate:
     """A counter's rise per second over a sliding window of ``window_s`` seconds: rank 0's optimizer steps.
 
@@ -147,7 +155,11 @@ class MetricsServer:
         # Not in cost_dollars: slots whose host had no known price (status and the events report them apart).
         self.unpriced = prom.Counter("cost_unpriced_slot_hours", "slot-hours of workers whose host had no known "
                                      "price (not in cost_dollars)", namespace=ns, registry=registry)
-        self._dollars = self._unpriced_hours = 0.0
+        # In cost_dollars: the free slots of hosts a raised fallback group brought that ran no worker (fixI's status).
+        self.idle = prom.Counter("cost_idle_slot_hours", "slot-hours of free slots on hosts of a fallback group the "
+                                 "job raised that ran no worker there (in cost_dollars)", namespace=ns,
+                                 registry=registry)
+        self._dollars = self._unpriced_hours = self._idle_hours = 0.0
         self.spares = prom.Gauge("spares", "spares ready outside the rounds (--spares)", namespace=ns,
                                  registry=registry)
 
@@ -206,7 +218,7 @@ class MetricsServer:
             elif kind == "spares":
                 self.spares.set(fields["ready"])
             elif kind == "cost":
-                self._charge(fields["dollars"], fields.get("unpriced_slot_hours"))
+                self._charge(fields["dollars"], fields.get("unpriced_slot_hours"), fields.get("idle_slot_hours"))
                 self.cost_rate.set(fields["dollars_per_hour"])
             elif kind == "job_finished":
                 self.world_size.set(0)
@@ -214,22 +226,21 @@ class MetricsServer:
                 self.cost_rate.set(0)
                 self.spares.set(0)
                 if fields.get("cost") is not None:
-                    self._charge(fields["cost"], fields.get("unpriced_slot_hours"))
+                    self._charge(fields["cost"], fields.get("unpriced_slot_hours"), fields.get("idle_slot_hours"))
 
-    def carry_cost(self, dollars: float, unpriced_slot_hours: float = 0.0) -> None:
+    def carry_cost(self, dollars: float, unpriced_slot_hours: float = 0.0, idle_slot_hours: float = 0.0) -> None:
         """Start the cost counters at what the job cost under a previous driver, before the first scrape: a
         counter seen at 0 and then at the carried total would read to Prometheus as a reset and a rise,
         and ``increase()`` would count the carried dollars twice."""
         with self._lock:
-            self._charge(dollars, unpriced_slot_hours)
+            self._charge(dollars, unpriced_slot_hours, idle_slot_hours)
 
-    def _charge(self, dollars: float, unpriced_slot_hours: float | None = None) -> None:
-        if dollars > self._dollars:  # a counter only grows; the events carry the running total
-            self.cost.inc(dollars - self._dollars)
-            self._dollars = dollars
-        if unpriced_slot_hours is not None and unpriced_slot_hours > self._unpriced_hours:
-            self.unpriced.inc(unpriced_slot_hours - self._unpriced_hours)
-            self._unpriced_hours = unpriced_slot_hours
+    def _charge(self, dollars: float, unpriced_slot_hours: float | None = None,
+                idle_slot_hours: float | None = None) -> None:
+        """Raise the counters to the running totals an event carries (a counter only grows)."""
+        self._dollars = _raise_to(self.cost, self._dollars, dollars)
+        self._unpriced_hours = _raise_to(self.unpriced, self._unpriced_hours, unpriced_slot_hours)
+        self._idle_hours = _raise_to(self.idle, self._idle_hours, idle_slot_hours)
 
     def observe_discovery(self, latency_s: float, error: str | None = None) -> None:
         """Record one discovery call: its latency and, if it failed, the kind of error

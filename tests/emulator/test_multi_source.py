@@ -13,6 +13,7 @@ import itertools
 import json
 import logging
 import os
+import re
 import signal
 import sys
 import time
@@ -30,6 +31,7 @@ from tests.emulator.moto_env import clients, group_backend, make_group, set_memb
 from tests.integration.events_check import of, read_events
 from tests.integration.conftest import jobs  # noqa: F401  (the fixture that kills what a test leaves running)
 from tests.integration.harness import probe_cmd
+from tests.integration.test_metrics import scrape
 from tests.integration.test_status import status
 
 pytestmark = [pytest.mark.emulator, pytest.mark.timeout(120)]  # the first GCP test imports its SDK (20-30 s when loaded)
@@ -386,7 +388,7 @@ def test_idle_raised_slots_show_in_status_and_their_cost_goes_on_across_a_driver
     args = ["run", "-np", "2", "--min-np", "2", "--discovery-interval", "0.3", "--checkpoint-dir", str(ckpt),
             "--driver-grace", "60", "--aws-asg", "idle-spot", "--aws-asg", "idle-od", "--aws-region", "us-east-1",
             "--aws-endpoint-url", aws.url, "--source", "idle-spot:price=0.2", "--source", "idle-od:fallback,price=1.5",
-            "--manage-capacity", "--events-file", str(events),
+            "--manage-capacity", "--events-file", str(events), "--metrics-port", "0",
             *[a for n in (1, 2) for a in ("--address-map", f"10.73.{n}.0/24=127.73.{n}.0/24")],
             *probe_cmd("--steps", "5", "--step-sleep", "0.1", "--stop-when", str(stop))]
     first = jobs(args, env=env)
@@ -419,6 +421,10 @@ def test_idle_raised_slots_show_in_status_and_their_cost_goes_on_across_a_driver
                     what="the takeover")
     after = cost_shown()
     assert all(after[k] >= v for k, v in before.items()), (before, after)  # no figure drops at the restart
+    # The metric goes on from the predecessor's figure too (fixL: there was none for the idle slot-hours).
+    port = re.search(r"Prometheus metrics at http://[\d.]+:(\d+)/metrics", second.output()).group(1)
+    scraped = scrape(f"http://127.0.0.1:{port}/metrics")
+    assert scraped["cloud_elastic_cost_idle_slot_hours_total"] >= before["cost_idle_slot_hours"], (scraped, before)
     text = status(run, job_id)
     assert "slot-hour(s) on hosts of a fallback group the job raised that ran no worker there" in text.stdout, text
     stop.touch()

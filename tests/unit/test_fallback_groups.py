@@ -33,6 +33,30 @@ def test_unpriced_slot_hours_are_a_metric_beside_the_cost_carried_included():
     assert value("cloud_elastic_cost_dollars_total") == 5.0
 
 
+def test_idle_raised_slot_hours_are_a_metric_served_at_metrics_the_carried_ones_included():
+    """fixL: ``status`` shows the slot-hours of raised fallback hosts that ran no worker (fixI), and no metric
+    did. Scraped from the server's own /metrics endpoint."""
+    pytest.importorskip("prometheus_client")
+    from cloud_elastic.metrics import MetricsServer
+    from tests.integration.test_metrics import scrape
+
+    server = MetricsServer("j", 0)
+    server.carry_cost(4.5, 2.0, 1.25)  # the previous driver's figures
+    server.start()
+    try:
+        url = f"http://127.0.0.1:{server.port}/metrics"
+        assert scrape(url)["cloud_elastic_cost_idle_slot_hours_total"] == 1.25
+        server.emit("cost", dollars=4.75, dollars_per_hour=1.0, slot_hours=4.0, idle_slot_hours=1.5)
+        server.emit("cost", dollars=4.8, dollars_per_hour=1.0, slot_hours=4.1)  # an event without it: no change
+        assert scrape(url)["cloud_elastic_cost_idle_slot_hours_total"] == 1.5
+        server.emit("job_finished", outcome="succeeded", exit_code=0, resets=0, wall_s=1.0, cost=5.0,
+                    slot_hours=5.0, idle_slot_hours=2.0)
+        got = scrape(url)
+        assert (got["cloud_elastic_cost_idle_slot_hours_total"], got["cloud_elastic_cost_dollars_total"]) == (2.0, 5.0)
+    finally:
+        server.close()
+
+
 # ------------------------------------------------------------------ the job, its provider and the runtime between
 OD2 = SourceSpec("od2", "scripted", price=5.0, fallback=True)
 

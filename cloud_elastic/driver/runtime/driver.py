@@ -161,7 +161,8 @@ class Driver:
         sourcing, metrics = self._job.capacity.sourcing, self._sinks.metrics
         if metrics is not None and self._carried_cost is not None and sourcing is not None and sourcing.active:
             # Before any scrape: a counter at 0 until inherit_cost (after --driver-grace) would read as a reset.
-            metrics.carry_cost(self._carried_cost.dollars, self._carried_cost.unpriced_slot_hours)
+            carried = self._carried_cost
+            metrics.carry_cost(carried.dollars, carried.unpriced_slot_hours, carried.idle_slot_hours)
         started = time.time()
         self._sinks.sink.emit(
             "job_started", num_proc=self.config.num_proc, min_np=self.config.min_np, max_np=self.config.max_np,
