@@ -247,11 +247,18 @@ class OptimizerStateMismatch(OptimizerMismatch):
 
 
 #: The per-parameter state torch's optimizers keep in the shape of the parameter (their steps add it to the
-#: parameter), by key; ``step`` and the like hold one number (their steps take ``.item()`` of it). Others (LBFGS's
-#: history, Adafactor's row and column factors) are not compared.
+#: parameter), by key; ``step`` and the like hold one number (their steps take ``.item()`` of it).
 _LIKE_PARAM = frozenset({"exp_avg", "exp_avg_sq", "max_exp_avg_sq", "exp_inf", "momentum_buffer", "square_avg",
                          "acc_delta", "grad_avg", "sum", "prev", "step_size", "ax", "variance"})
-_ONE_NUMBER = frozenset({"step", "eta", "mu", "mu_product"})
+_ONE_NUMBER = frozenset({"step", "eta", "mu", "mu_product", "H_diag"})
+#: Adafactor's factors of a parameter of 2 dimensions or more: its shape with the dimension at this index made 1
+#: (``row_var``: the last; ``col_var``: the one before it).
+_FACTORS = {"row_var": -1, "col_var": -2}
+#: LBFGS keeps its state under its first parameter, over all of them flattened into one vector: these are vectors
+#: of that length, and ``old_dirs`` and ``old_stps`` lists of them; ``ro`` holds one number for each of their
+#: pairs, and ``al`` room for as many.
+_FLAT = frozenset({"d", "prev_flat_grad"})
+_FLAT_LISTS = frozenset({"old_dirs", "old_stps"})
 
 
 def check_state(name: str, optimizer: torch.optim.Optimizer, groups: Any, state: Any, factor: int, slack: int) -> None:
@@ -271,39 +278,64 @@ def check_state(name: str, optimizer: torch.optim.Optimizer, groups: Any, state:
         return  # torch refuses it by itself ("a different number of parameter groups"): another model
     by_id = {}
     for index, (ids, params, group) in enumerate(zip(saved, live, groups)):
+        flat = sum(p.numel() for p in params)
         for position, (key, param) in enumerate(zip(ids, params)):
             if isinstance(key, (int, str)) and key in state:
                 by_id[key] = (param, f"parameter {position} of group {index}",
-                              bool(group.get("fused") or group.get("capturable")))
+                              bool(group.get("fused") or group.get("capturable")), flat)
     shaped = any(_of_torch(c) and c is not torch.optim.Optimizer for c in type(optimizer).__mro__)
-    budget = factor * sum(p.numel() * p.element_size() for p, _, _ in by_id.values()) + slack
+    budget = factor * sum(p.numel() * p.element_size() for p, _, _, _ in by_id.values()) + slack
     cast = 0
-    for key, (param, where, step_cast) in by_id.items():
+    for key, (param, where, step_cast, flat) in by_id.items():
         if shaped:
-            _check_shapes(name, param, where, state[key])
+            _check_shapes(name, param, where, state[key], flat)
         cast += _cast_bytes(param, state[key], step_cast, {})
         if cast > budget:
             raise OptimizerStateMismatch(f"{name}: its saved state would take more than {budget:,} bytes once cast "
                                          f"to its parameters' dtypes (at {where}), {factor} times their size")
 
 
-def _check_shapes(name: str, param: torch.Tensor, where: str, saved: Any) -> None:
-    """OptimizerStateMismatch when the saved state of ``param`` (at ``where``) holds one of :data:`_LIKE_PARAM` that
-    is not a tensor of its shape (None passes: SGD's buffer before momentum), or one of :data:`_ONE_NUMBER` that is
-    not one number."""
+def _check_shapes(name: str, param: torch.Tensor, where: str, saved: Any, flat: int) -> None:
+    """OptimizerStateMismatch when the saved state of ``param`` (at ``where``; ``flat``: the elements of its group's
+    parameters) holds one of :data:`_LIKE_PARAM` that is not a tensor of its shape (None passes: SGD's buffer before
+    momentum), one of :data:`_ONE_NUMBER` that is not one number, an Adafactor factor (:data:`_FACTORS`) or an
+    LBFGS vector (:data:`_FLAT`, :data:`_FLAT_LISTS`) of another shape, or LBFGS lists of unequal lengths."""
     if not isinstance(saved, Mapping):
         return
     for key, value in saved.items():
-        if key in _LIKE_PARAM and value is not None and not (
-                isinstance(value, torch.Tensor) and value.shape == param.shape):
+        shape = list(param.shape) if key in _LIKE_PARAM else [flat] if key in _FLAT else None
+        if key in _FACTORS and param.dim() > 1:
+            shape = list(param.shape)
+            shape[_FACTORS[key]] = 1
+        if key in _FLAT_LISTS and isinstance(value, list):  # its first vector of another length, if any
+            wrong = [v for v in value if not (isinstance(v, torch.Tensor) and list(v.shape) == [flat])][:1]
+            value, shape = (wrong[0] if wrong else None), ([flat] if wrong else None)
+        if shape is not None and value is not None and not (
+                isinstance(value, torch.Tensor) and list(value.shape) == shape):
             held = f"a tensor of shape {list(value.shape)[:8]}" if isinstance(value, torch.Tensor) else \
                 f"a {type(value).__name__}"
-            first = f"{name}: the saved {key!r} of {where} is {held}, its parameter's shape is {list(param.shape)[:8]}"
+            first = f"{name}: the saved {key!r} of {where} is {held}, " + (
+                f"its parameter's shape is {shape[:8]}" if key in _LIKE_PARAM else f"not {shape[:8]} (" + (
+                    f"its parameter's shape is {list(param.shape)[:8]})" if key in _FACTORS else
+                    f"its group's parameters hold {flat:,} elements)"))
         elif key in _ONE_NUMBER and isinstance(value, torch.Tensor) and value.numel() != 1:
             first = f"{name}: the saved {key!r} of {where} holds {value.numel():,} numbers, not one"
+        elif key == "old_dirs" and not _lbfgs_lengths(saved):
+            first = (f"{name}: the saved history of {where} holds lists of unequal lengths (old_dirs, old_stps, ro, "
+                     "al)")
         else:
             continue
         raise OptimizerStateMismatch(first if len(first) <= 240 else first[:237] + "...")
+
+
+def _lbfgs_lengths(saved: Mapping[str, Any]) -> bool:
+    """Whether LBFGS's saved history, as its step indexes it, is as long in ``old_stps`` and ``ro`` (of numbers) as
+    in ``old_dirs``, and ``al`` (if saved) has room for it."""
+    dirs, stps, ro, al = (saved.get(k) for k in ("old_dirs", "old_stps", "ro", "al"))
+    if not all(isinstance(v, list) for v in (dirs, stps, ro)) or len(stps) != len(dirs) or len(ro) != len(dirs):
+        return False
+    numbers = all(isinstance(r, torch.Tensor) and r.numel() == 1 or isinstance(r, (int, float)) for r in ro)
+    return numbers and (al is None or isinstance(al, list) and len(al) >= len(dirs))
 
 
 def _cast_bytes(param: torch.Tensor, value: Any, step_cast: bool, known: dict[int, int], key: Any = None) -> int:

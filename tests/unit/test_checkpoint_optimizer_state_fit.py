@@ -57,7 +57,8 @@ _TORCH = [(torch.optim.SGD, {"lr": 0.1, "momentum": 0.9}), (torch.optim.Adam, {"
 
 @pytest.mark.parametrize(("make", "kwargs"), _TORCH, ids=[m.__name__ for m, _ in _TORCH])
 def test_every_torch_optimizer_resumes_its_own_state(tmp_path: Path, make: type, kwargs: dict) -> None:
-    """Adafactor's row and column factors and LBFGS's history are not of the parameters' shapes: not compared."""
+    """Adafactor's row and column factors and LBFGS's history (flat vectors under its first parameter) are not of
+    the parameters' shapes: each is compared with the shape its own optimizer gives it."""
     state = _trained(make, **kwargs)
     saved = state.optimizer.state_dict()
     fresh = _resumed(tmp_path, state_payload(state), make, **kwargs)
@@ -104,6 +105,40 @@ def test_a_step_of_many_numbers_is_refused(tmp_path: Path) -> None:
     payload["optimizer"]["state"][1]["step"] = torch.ones(12)
     message = _refused(tmp_path, state, payload, torch.optim.Adam)
     assert "the saved 'step' of parameter 1 of group 0 holds 12 numbers, not one" in message, message
+
+
+def _swap_factors(state: dict) -> None:
+    state["row_var"], state["col_var"] = state["col_var"], state["row_var"]
+
+
+def _short_history(state: dict) -> None:
+    state["old_dirs"] = [torch.zeros(3) for _ in state["old_dirs"]]
+
+
+def _uneven_history(state: dict) -> None:
+    state["ro"] = state["ro"][:1]
+
+
+_FORGED_OF_THEIR_OWN = {  # before, each loaded; then the first step failed on every worker at every resume
+    "Adafactor factors swapped": (torch.optim.Adafactor, {}, _swap_factors,  # "output with shape [1, 4] doesn't..."
+                                  "the saved 'row_var' of parameter 0 of group 0 is a tensor of shape [1, 4], not "
+                                  "[3, 1] (its parameter's shape is [3, 4])"),
+    "LBFGS history of another length": (torch.optim.LBFGS, {"history_size": 3}, _short_history,  # "size of tensor a"
+                                        "the saved 'old_dirs' of parameter 0 of group 0 is a tensor of shape [3], not "
+                                        "[23] (its group's parameters hold 23 elements)"),
+    "LBFGS history of unequal lists": (torch.optim.LBFGS, {"history_size": 3}, _uneven_history,  # IndexError
+                                       "the saved history of parameter 0 of group 0 holds lists of unequal lengths"),
+}
+
+
+@pytest.mark.parametrize("forged", list(_FORGED_OF_THEIR_OWN), ids=list(_FORGED_OF_THEIR_OWN))
+def test_state_of_adafactor_and_lbfgs_in_other_shapes_is_refused(tmp_path: Path, forged: str) -> None:
+    make, kwargs, forge, why = _FORGED_OF_THEIR_OWN[forged]
+    state = _trained(make, **kwargs)
+    payload = state_payload(state)
+    forge(payload["optimizer"]["state"][0])
+    message = _refused(tmp_path, state, payload, make, **kwargs)
+    assert f"optimizer: {why}" in message and "\n" not in message, message
 
 
 class _Counting(torch.optim.Optimizer):
