@@ -1,6 +1,6 @@
 """Host added: the running workers' stall while a third worker is admitted, and the newcomer's time to its first step.
 
-    .venv/bin/python benchmarks/host_added.py [--repeats 7] [--state-mb 10,100,1000] [--peers] [--quick]
+    .venv/bin/python benchmarks/host_added.py [--repeats 7] [--state-mb 10,100,1000] [--device-ms 30] [--peers] [--quick]
 
 Two workers train a small MLP (3 hidden layers of width 256, batch 64, SGD with
 momentum, one OpenMP thread each) and a third is admitted, a fresh job per
@@ -17,13 +17,16 @@ repeat, each system as it admits one:
   third agent is started, and the running agents restart all their workers.
 
 Per repeat: the *normal step* (median interval between a survivor's consecutive
-completed steps over the 2 s before the host was added), the *longest gap*
+completed steps over the 2 s before the host was added; and at size 3, over the
+first 3 s once the newcomer is active, which is not part of the stall), the *longest gap*
 between consecutive completed steps of a survivor from the host's addition to
 0.5 s after the first step at size 3, or after the first step at which the
 newcomer no longer follows (cloud-elastic's follow mode, ``commit.follow``: the
 window in which it receives the state counts; its length is reported) (for torchrun, whose workers are all
 restarted: from the old group's last step to the new group's first), the
-*stall* (longest gap − normal step), the *admitting step's gap* (the longest
+*stall* (longest gap − normal step), the *stall from the switch on* (the same,
+of the gaps that end at or after the first step at size 3: a gap before it
+falls while the newcomer starts up, on this machine's cores), the *admitting step's gap* (the longest
 gap ending within 0.1 s of the first step at size 3: torchft reports the
 admitted replica only from the step after the one that admits it) and the
 newcomer's time from its process start (and from the host's appearance in the
@@ -43,8 +46,20 @@ process of the job, summed; sampled every 0.2 s) is reported.
 worktree`` of an older revision, say), in the same rounds: a change's effect side by
 side, which two runs on this shared machine cannot show.
 
+``--device-ms 30`` adds, in the same rounds, an *emulated GPU host*'s twin of
+every cloud-elastic row (not of ``--against``'s): each step sleeps 30 ms before its
+forward and backward passes (``workload.py --device-s``: device time, which loads
+no CPU, as ``goodput.py`` emulates it; before the gradients' allreduce, which
+still waits for a late peer), the model unchanged. The CPU-bound rows are the
+target's own measure, but on 2 cores three workers share what two had, so every
+step at size 3 is slower than at size 2 and the stall's longest gap counts that
+too; with most of a step asleep, three workers step about as fast as two, as on
+hosts of their own, and what remains is the admission's cost. (The newcomer's
+start-up, importing torch, still runs on this machine's cores.)
+
 Prints the table and writes it into docs/benchmarks.md (``docsection``: section
-``host-added`` and its glance row, which names the sizes).
+``host-added`` and its glance row, which names the sizes; with ``--device-ms``,
+section ``host-added-emulated`` and no glance row: an added view, not the target's).
 """
 
 from __future__ import annotations
@@ -73,6 +88,7 @@ WARM_STEPS = 150  # steps of both workers before the host is added (about 1 s at
 AFTER_STEPS = 40  # steps at size 3 the survivors make before the repeat ends
 ADMISSION_WINDOW_S = 0.1  # the admitting step ends this close to the first step at size 3
 SECTION = "Host added: the running workers' stall"
+EMULATED_SECTION = "Host added on an emulated GPU host"
 STALL_TARGET_S = 0.020
 GLANCE_STALL = "Host added → running workers' stall (longest step gap − normal step) ≤ 20 ms"
 CLOUD_ELASTIC = "cloud-elastic (commit every step)"
@@ -82,6 +98,11 @@ STATE_SIZES = "10,100,1000"
 def with_state(mb: float) -> str:
     """The row (and system) name of cloud-elastic with ``mb`` MB more state."""
     return f"cloud-elastic, +{mb:g} MB of state"
+
+
+def emulated(name: str, ms: float) -> str:
+    """The row of ``name`` on an emulated GPU host (``--device-ms``)."""
+    return f"{name}, emulated GPU host ({ms:g} ms device time a step)"
 
 
 def parent(pid: int) -> int:
@@ -123,13 +144,15 @@ FRESH_WORKERS = {"CLOUD_ELASTIC_LOCAL_FORKSERVER": "0"}
 
 
 class CloudElastic(Scenario):
-    def __init__(self, tmp: Path, state_mb: float = 0.0, tree: Path | None = None) -> None:
+    def __init__(self, tmp: Path, state_mb: float = 0.0, tree: Path | None = None, device_s: float = 0.0,
+                 trace: bool = False) -> None:
         self.tree = tree  # --against: another checkout's cloud_elastic (PYTHONPATH and the working directory)
         self.discovery = ChaosDiscovery(tmp, HOSTS[:2])
         self.cmd = [PY, "-m", "cloud_elastic.cli", "run", "-np", "2", "--min-np", "2", "--max-np", "3",
                     "--host-discovery-script", str(self.discovery.script), "--blacklist-cooldown-range", "300", "300",
                     PY, WORKLOAD, "elastic", *SMALL, "--step-log", "--commit-every", "1",
-                    *(["--state-mb", f"{state_mb:g}"] if state_mb else [])]
+                    *(["--state-mb", f"{state_mb:g}"] if state_mb else []),
+                    *(["--device-s", f"{device_s:g}"] if device_s else []), *(["--trace"] if trace else [])]
 
     def start(self) -> None:
         if self.tree is None:
@@ -281,34 +304,41 @@ def analyse(raw: dict[str, Any], restarts_all: bool) -> dict[str, float]:
     first3 = min(t for t, pid, size in steps if size == 3)
     normal = max(statistics.median(b[0] - a[0] for a, b in zip(v, v[1:]) if t_add - 2 <= a[0] and b[0] <= t_add)
                  for pid, v in by_pid.items() if pid in raw["before_pids"] and len(v) > 2)
-    def at_3(v: list[tuple[float, int]], within_s: float) -> list[float]:
-        return [b[0] - a[0] for a, b in zip(v, v[1:]) if a[1] == 3 and b[0] <= first3 + within_s]
-
-    # The first 3 s at size 3 (all of them, for a survivor that had no step there: a slow repeat).
-    after = max(statistics.median(at_3(v, 3) or at_3(v, float("inf")) or [float("nan")])
-                for pid, v in by_pid.items() if pid in raw["survivors"])
     # A newcomer that follows (``commit.follow``) is active from a later commit: the gaps until then count too.
     active = max(first3, raw.get("first_active", first3))
+
+    def at_3(v: list[tuple[float, int]], within_s: float) -> list[float]:
+        return [b[0] - a[0] for a, b in zip(v, v[1:]) if a[1] == 3 and a[0] >= active and b[0] <= active + within_s]
+
+    # The normal step at size 3: the first 3 s once every worker is active, after any follow window (all of them,
+    # for a survivor that had no step there: a slow repeat).
+    after = max(statistics.median(at_3(v, 3) or at_3(v, float("inf")) or [float("nan")])
+                for pid, v in by_pid.items() if pid in raw["survivors"])
     if restarts_all:  # the old group's last step to the new group's first
         last2 = max(t for t, _pid, size in steps if size == 2 and t < first3)
-        gap = switch = first3 - last2
+        gap = switch = from_switch = first3 - last2
     else:
-        gaps, switches, admits = [], [], []
+        gaps, switches, admits, later = [], [], [], []
         for pid in raw["survivors"]:
             v = by_pid[pid]
             pairs = [(a, b) for a, b in zip(v, v[1:]) if b[0] >= t_add and a[0] <= active + 0.5]
             gaps.append(max((b[0] - a[0], b[0] - first3) for a, b in pairs))
+            later.append(max(b[0] - a[0] for a, b in pairs if b[0] >= first3))
             switches.append(next(b[0] - a[0] for a, b in pairs if b[1] == 3))
             # torchft's admitting step is reported at size 2 (the healing replica is not yet counted),
             # one step before the first at size 3: the longest gap ending near that first step.
             admits.append(max(b[0] - a[0] for a, b in pairs if abs(b[0] - first3) <= ADMISSION_WINDOW_S))
         (gap, where), switch, admit = max(gaps), max(switches), max(admits)
+        from_switch = max(later)
     return {"normal_step_s": normal, "normal_step_at_3_s": after, "longest_gap_s": gap, "switch_gap_s": switch,
             "follow_window_s": active - first3,
             "admission_gap_s": gap if restarts_all else admit,
             # Where the longest gap ended, from the first step at size 3 (0: it is the switch itself).
             "longest_gap_end_after_switch_s": 0.0 if restarts_all else where,
-            "stall_s": gap - normal, "start_to_first_step_s": raw["newcomer_first_step"] - raw["newcomer_started"],
+            "stall_s": gap - normal,
+            # The stall's gaps from the switch on (the admitting step's and the window's): those before it fall
+            # while the newcomer starts, on this machine's cores, which a host of its own would not share.
+            "stall_from_switch_s": from_switch - normal, "start_to_first_step_s": raw["newcomer_first_step"] - raw["newcomer_started"],
             "added_to_first_step_s": raw["newcomer_first_step"] - t_add, "peak_rss_gib": raw["peak_rss"] / 2**30}
 
 
@@ -329,22 +359,24 @@ def table(rows: dict[str, dict], rss: bool = True) -> str:
     """The figures per system; ``rss``: with the job's peak resident memory."""
     ms = duration
     s = lambda x: f"{x:.2f} s"  # noqa: E731
-    lines = ["| system (2 workers + 1 admitted) | normal step | longest gap, p50 / p95 | stall (gap − normal step), "
-             "p50 / p95 | admitting step's gap, p50 / p95 | newcomer: process start → first step, p50 / p95 | "
+    lines = ["| system (2 workers + 1 admitted) | normal step, size 2 / size 3 | longest gap, p50 / p95 | stall (gap − normal step), "
+             "p50 / p95 | stall from the switch on, p50 / p95 | admitting step's gap, p50 / p95 | newcomer: process start → first step, p50 / p95 | "
              "host added → first step, p50 | newcomer follows, p50 / p95 | " + ("peak RSS, whole job | " if rss else "")
              + "repeats |",
-             "|---|---|---|---|---|---|---|---|---|" + ("---|" if rss else "")]
+             "|---|---|---|---|---|---|---|---|---|---|" + ("---|" if rss else "")]
     for name, r in rows.items():
         a = r["figures"]
         if not a:
-            lines.append(f"| {name} | – | miss | miss | – | miss | miss | – | " + ("– | " if rss else "")
+            lines.append(f"| {name} | – | miss | miss | – | – | miss | miss | – | " + ("– | " if rss else "")
                          + f"0 of {r['misses']} |")
             continue
         col = lambda k: [x[k] for x in a]  # noqa: E731
         memory = f"{max(col('peak_rss_gib')):.1f} GiB | " if rss else ""
         lines.append(
-            f"| {name} | {ms(statistics.median(col('normal_step_s')))} | {ms(pct(col('longest_gap_s'), .5))} / "
+            f"| {name} | {ms(statistics.median(col('normal_step_s')))} / "
+            f"{ms(statistics.median(col('normal_step_at_3_s')))} | {ms(pct(col('longest_gap_s'), .5))} / "
             f"{ms(pct(col('longest_gap_s'), .95))} | {ms(pct(col('stall_s'), .5))} / {ms(pct(col('stall_s'), .95))} | "
+            f"{ms(pct(col('stall_from_switch_s'), .5))} / {ms(pct(col('stall_from_switch_s'), .95))} | "
             f"{ms(pct(col('admission_gap_s'), .5))} / {ms(pct(col('admission_gap_s'), .95))} | "
             f"{s(pct(col('start_to_first_step_s'), .5))} / "
             f"{s(pct(col('start_to_first_step_s'), .95))} | {s(pct(col('added_to_first_step_s'), .5))} | "
@@ -389,6 +421,10 @@ def main() -> None:
     p.add_argument("--against", type=Path, default=None,
                    help="also cloud-elastic from this other checkout (e.g. a `git worktree` of an older revision), "
                         "in the same rounds: a change's effect, side by side")
+    p.add_argument("--device-ms", default="0",
+                   help="device time a step, ms, comma-separated (default 0: the CPU-bound rows alone): each value "
+                        "but 0 adds, in the same rounds, an emulated GPU host's twin of every cloud-elastic row "
+                        "(workload.py --device-s), published in section host-added-emulated, not the glance row")
     docsection.add_arguments(p)
     args = p.parse_args()
     repeats, bound = args.repeats or (1 if args.quick else 7), args.bound or (30.0 if args.quick else 90.0)
@@ -398,6 +434,9 @@ def main() -> None:
     sizes = {mb: with_state(mb) for mb in parse_sizes(args.state_mb if args.state_mb is not None
                                                       else "10" if args.quick else STATE_SIZES)}
     chosen.update({name: (lambda mb: lambda tmp: CloudElastic(tmp, mb))(mb) for mb, name in sizes.items()})
+    devices = [ms for ms in parse_sizes(args.device_ms) if ms > 0]
+    twins = {emulated(name, ms): (lambda mb, ms: lambda tmp: CloudElastic(tmp, mb, device_s=ms / 1000))(mb, ms)
+             for ms in devices for mb, name in [(0.0, CLOUD_ELASTIC), *sizes.items()]}
     if args.against is not None:
         tree = args.against.resolve()
         rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=tree, capture_output=True, text=True).stdout
@@ -405,6 +444,7 @@ def main() -> None:
         chosen[f"{at} (--against)"] = lambda tmp: CloudElastic(tmp, 0.0, tree)
         chosen.update({f"{at}, +{mb:g} MB of state (--against)": (lambda mb: lambda tmp: CloudElastic(tmp, mb, tree))(mb)
                        for mb in sizes})
+    chosen.update(twins)
     rows: dict[str, dict] = {n: {"figures": [], "misses": 0} for n in chosen}
     with tempfile.TemporaryDirectory() as root:
         # Rounds over the systems, so that a slow minute of the shared machine hits each of them.
@@ -423,17 +463,28 @@ def main() -> None:
                                                                f"{k} {v * 1000:.1f} ms" for k, v in fig.items()),
                       flush=True)
     # cloud-elastic, its rows with more state, then the peers.
-    order = [CLOUD_ELASTIC, *sizes.values(), *(n for n in rows if n != CLOUD_ELASTIC and n not in sizes.values())]
+    ours = [CLOUD_ELASTIC, *sizes.values(), *twins]
+    order = [*ours, *(n for n in rows if n not in ours)]
     more = (" *+N MB of state*: the same job with N MB (10^6 bytes) more in the optimizer's state, an entry of which "
             "each step changes 64 KiB, a different part each step (`workload.py --state-mb`): every sync carries it "
             "to the newcomer, a follower must follow its changes, and a commit kept in place copies none of it, so "
             "the normal step stays the small model's. *Newcomer follows*: from its first step to the first step at "
             "which it no longer follows (cloud-elastic's follow mode); the longest gap is looked for until 0.5 s "
             "after that." if sizes else "")
-    docsection.publish(args, "host-added", SECTION,
-                       f"{stamp(command())}{more} Peak RSS: every process of the job (driver, workers, newcomer; for "
-                       f"torchft without the Lighthouse), summed, the largest over the repeats.\n\n"
-                       f"{table({n: rows[n] for n in order})}", glance(rows, sizes))
+    text = (f"{stamp(command())}{more} *Normal step*: size 2, the median step of the 2 s before the host was added; "
+            f"size 3, of the first 3 s once the newcomer is active. Peak RSS: every process of the job (driver, "
+            f"workers, newcomer; for torchft without the Lighthouse), summed, the largest over the repeats.")
+    if twins:  # an added view: its own section, and the glance row (the CPU-bound rows' target) left alone
+        text += (f" *Emulated GPU host* (`--device-ms`): each step sleeps that long before its forward and backward "
+                 f"passes (`workload.py --device-s`: device time, no CPU; the gradients' allreduce after it still waits "
+                 f"for a late peer), the model and batch unchanged, so three workers "
+                 f"on 2 cores step about as fast as two, as on hosts of their own; the newcomer's start-up (importing "
+                 f"torch) is not emulated: it runs on this machine's cores beside the workers.")
+        docsection.publish(args, "host-added-emulated", EMULATED_SECTION,
+                           f"{text}\n\n{table({n: rows[n] for n in order})}")
+    else:
+        docsection.publish(args, "host-added", SECTION, f"{text}\n\n{table({n: rows[n] for n in order})}",
+                           glance(rows, sizes))
 
 
 if __name__ == "__main__":

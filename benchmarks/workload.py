@@ -14,6 +14,14 @@ tensors, as a real network has). With ``--step-log`` every worker prints one
 the step's wall and CPU seconds). ``--state-mb N`` adds N MB to the optimizer's state
 (:func:`add_state`): every sync carries it, and each step changes 64 KiB of it (:func:`change_state`). A step whose commit raises ``HostsUpdatedInterrupt`` completed (its commit is kept),
 so it is logged too.
+
+Under ``elastic`` only: ``--device-s S`` sleeps S seconds at the start of every
+step (an emulated GPU's device time, which loads no CPU, as ``goodput_worker.py``
+emulates it; before the backward pass, so that the gradients' allreduce still
+waits for a late peer), so that three workers on 2 cores step as fast as two;
+``--trace`` prints the admission path's calls (``admission_trace.py``) and each
+step's phases (``phase device`` ... in its STEPLOG line: seconds from the step's
+start to the end of its device time, backward, optimizer step and commit).
 """
 
 from __future__ import annotations
@@ -61,6 +69,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="torchft: allreduce the flattened gradients through Manager.allreduce after backward instead "
                         "of torchft.DistributedDataParallel (whose comm hook asserts when a collective times out)")
     p.add_argument("--step-log", action="store_true")
+    p.add_argument("--device-s", type=float, default=0.0,
+                   help="elastic: sleep this long at the start of every step (an emulated GPU's device time, "
+                        "which loads no CPU; goodput_worker.py's --device-s)")
+    p.add_argument("--trace", action="store_true",
+                   help="elastic: print TRACE lines of the admission path's calls (admission_trace.py) and each "
+                        "step's phases in its STEPLOG line")
     p.add_argument("--state-mb", type=float, default=0.0,
                    help="add this many MB (10^6 bytes) to the optimizer's state (see add_state): carried by every "
                         "sync, used by no step")
@@ -133,19 +147,30 @@ class Steps:
 
     def start(self) -> None:
         self.t0, self.c0 = time.perf_counter(), time.process_time()
+        self.phases: dict[str, float] = {}
+
+    def mark(self, phase: str) -> None:
+        """``--trace``: the end of one of the step's phases, in seconds from its start (in its STEPLOG line)."""
+        if self.args.trace:
+            self.phases[phase] = round(time.perf_counter() - self.t0, 6)
 
     def done(self, step: int, size: int, rank: int, follows: bool = False) -> None:
         wall, cpu = time.perf_counter() - self.t0, time.process_time() - self.c0
         if self.args.step_log:
+            extra = {f"phase {k}": v for k, v in self.phases.items()}  # flat: common.parse reads no nesting
             print("STEPLOG " + json.dumps({"system": self.system, "step": step, "t": time.time(), "size": size,
                                           "rank": rank, "pid": os.getpid(), "dt": round(wall, 6),
-                                          "cpu": round(cpu, 6), "following": follows}),
+                                          "cpu": round(cpu, 6), "following": follows, **extra}),
                   flush=True)
 
 
 def run_elastic(args: argparse.Namespace) -> None:
     import cloud_elastic.torch as hvd
 
+    if args.trace:
+        from admission_trace import install
+
+        install()
     hvd.init()
     model, opt_cls, opt_kw = build(args)
     optimizer = hvd.DistributedOptimizer(opt_cls(model.parameters(), **opt_kw), named_parameters=model.named_parameters())
@@ -160,12 +185,20 @@ def run_elastic(args: argparse.Namespace) -> None:
     def train(state: hvd.elastic.TorchState) -> None:
         while state.step < args.steps:
             steps.start()
+            if args.device_s:
+                # Before the backward pass that launches the gradients' allreduce, so that the collective waits
+                # for every peer's device time, as it waits for their last bucket on a GPU: after it, the sleep
+                # would hide a late peer. As a GPU's kernels would, it loads no CPU.
+                time.sleep(args.device_s)
+            steps.mark("device")
             x, y = batch(args, state.step, hvd.rank())
             optimizer.zero_grad()
             F.mse_loss(model(x), y).backward()
+            steps.mark("backward")
             if slow_s:
                 time.sleep(slow_s)
             optimizer.step()
+            steps.mark("optimizer step")
             change_state(optimizer, state.step)
             state.step += 1
             if state.step % args.commit_every == 0:
@@ -174,8 +207,10 @@ def run_elastic(args: argparse.Namespace) -> None:
                 except hvd.HostsUpdatedInterrupt:
                     # The step completed and its commit is kept: log it, or the gap to the first step
                     # at the new size would count a step of work as stall.
+                    steps.mark("commit")
                     steps.done(state.step, hvd.size(), hvd.rank(), following())
                     raise
+            steps.mark("commit")
             steps.done(state.step, hvd.size(), hvd.rank(), following())
 
     train(state)

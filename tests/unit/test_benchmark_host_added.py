@@ -4,8 +4,12 @@ fork server, which only loopback hosts get."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
@@ -22,3 +26,60 @@ def test_cloud_elastic_jobs_start_with_the_local_fork_server_off(monkeypatch, tm
     host_added.CloudElastic(tmp_path, 10.0, tree=tmp_path).start()  # --against another checkout
     assert [env.get("CLOUD_ELASTIC_LOCAL_FORKSERVER") for env in started] == ["0", "0"]
     assert started[1]["PYTHONPATH"] == str(tmp_path)
+
+
+def _raw(steps, survivors=(1, 2), newcomer=3, t_add=10.0, first_active=None):
+    """A repeat's raw times as one_admission returns them, from (t, pid, size) steps."""
+    first3 = min(t for t, _, size in steps if size == 3)
+    return {"t_add": t_add, "steps": sorted(steps), "survivors": list(survivors), "before_pids": list(survivors),
+            "newcomer_pid": newcomer, "newcomer_started": 5.0, "newcomer_first_step": first3, "peak_rss": 2**30,
+            "first_active": first_active or first3}
+
+
+def test_the_stall_from_the_switch_on_leaves_out_a_gap_before_it_and_the_normal_step_at_3_is_after_the_window():
+    """A survivor's 100 ms gap while the newcomer starts (before the switch) is the stall, as the target defines it;
+    the stall from the switch on is the admitting step's 60 ms gap less the normal step; the normal step at size 3
+    is measured once the newcomer is active, not in its follow window (steps of 50 ms here)."""
+    steps = []
+    for pid in (1, 2):
+        t = 7.0
+        while t < 10.5:  # 10 ms steps at size 2, one gap of 100 ms at 10.2 (the newcomer starting on these cores)
+            t += 0.1 if abs(t - 10.2) < 0.005 else 0.01
+            steps.append((t, pid, 2))
+        t += 0.06  # the switch: 60 ms
+        steps.append((t, pid, 3))
+        for _ in range(80):  # the follow window: 4 s of 50 ms steps
+            t += 0.05
+            steps.append((t, pid, 3))
+        active = t
+        for _ in range(400):  # active: 20 ms steps at size 3
+            t += 0.02
+            steps.append((t, pid, 3))
+    steps.append((10.57, 3, 3))
+    fig = host_added.analyse(_raw(steps, first_active=active), restarts_all=False)
+    assert fig["normal_step_s"] == pytest.approx(0.01, abs=1e-4)
+    assert fig["normal_step_at_3_s"] == pytest.approx(0.02, abs=1e-4)
+    assert fig["stall_s"] == pytest.approx(0.09, abs=1e-3)
+    assert fig["stall_from_switch_s"] == pytest.approx(0.05, abs=1e-3)
+    assert fig["switch_gap_s"] == pytest.approx(0.06, abs=1e-3)
+
+
+def test_an_emulated_gpu_host_sleeps_in_each_step_and_its_rows_are_named_so(monkeypatch, tmp_path):
+    started = []
+    monkeypatch.setattr(host_added, "Procs", lambda cmds, env, **kw: started.append(cmds[0]))
+    host_added.CloudElastic(tmp_path, 10.0, device_s=0.03).start()
+    host_added.CloudElastic(tmp_path).start()
+    emulated, plain = started
+    assert emulated[emulated.index("--device-s") + 1] == "0.03" and "--device-s" not in plain
+    assert "emulated GPU host (30 ms" in host_added.emulated(host_added.with_state(10), 30)
+
+
+def test_every_call_the_admission_trace_wraps_exists():
+    """``workload.py --trace`` wraps product functions by name (``admission_trace.TARGETS``): a renamed one must fail
+    here, not in the middle of a profile. In a process of its own: the wrappers are global."""
+    code = ("import admission_trace as a; a.install(); "
+            "import cloud_elastic.worker.commit.follow as f; assert f.at_commit.__wrapped__; print(len(a.TARGETS))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=BENCHMARKS,
+                          env=dict(os.environ, PYTHONPATH=str(BENCHMARKS.parent)))
+    assert proc.returncode == 0, proc.stderr.strip().splitlines()[-3:]
+    assert int(proc.stdout.split()[-1]) >= 20
