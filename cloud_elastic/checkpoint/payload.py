@@ -60,7 +60,7 @@ _BY_STATE_DICT = _kept_by_state_dict()
 def check_payload(payload: Any) -> int:
     """Raise CheckpointError naming the first value ``torch.load(weights_only=True)`` could not read; else the
     manifest format version the payload needs (``checkpoint.api``): newer only where it holds a frozenset."""
-    _walk(payload, None, "payload", 1, copy=False)
+    _walk(payload, None, "payload", 1, copy=None)
     return FROZENSET_FORMAT_VERSION if plain_numpy.holds(payload, "frozenset") else FORMAT_VERSION
 
 
@@ -70,13 +70,15 @@ def stage_payload(payload: Any, previous: Any = None) -> Any:
     Tensors are copied to CPU into the tensors of ``previous`` (an earlier
     result of this function) where their shape and dtype match, so a steady
     job copies at memory speed into memory already touched; new buffers are
-    allocated only for what changed. Raises CheckpointError like
-    :func:`check_payload`.
+    allocated only for what changed. What the payload shares stays shared in
+    the copy, as ``torch.save`` of the payload itself and the commit snapshot
+    keep it (:class:`_Staging`): a resume then gets what a rollback gets. Raises
+    CheckpointError like :func:`check_payload`.
     """
-    return _walk(payload, previous, "payload", 1, copy=True)
+    return _walk(payload, previous, "payload", 1, copy=_Staging(payload))
 
 
-def _walk(value: Any, old: Any, where: str, depth: int, *, copy: bool) -> Any:
+def _walk(value: Any, old: Any, where: str, depth: int, *, copy: _Staging | None) -> Any:
     """``value`` checked (and copied with ``copy``), the container ``depth`` levels down, at ``where``: containers
     nested more than :data:`MAX_NESTING` deep are refused, as a load refuses them (``safety.check_loaded``)."""
     kind = type(value)
@@ -86,7 +88,7 @@ def _walk(value: Any, old: Any, where: str, depth: int, *, copy: bool) -> Any:
     if isinstance(value, torch.Tensor):
         if kind not in (torch.Tensor, torch.nn.Parameter):
             raise _refuse(value, where)
-        return _copy_tensor(value, old) if copy else value
+        return copy.tensor(value, old) if copy else value
     if kind is bytearray:  # mutable: the staged copy must not change with the live state
         return bytearray(value) if copy else value
     if kind in _LEAVES:
@@ -101,7 +103,7 @@ def _walk(value: Any, old: Any, where: str, depth: int, *, copy: bool) -> Any:
                 out[key] = staged
         metadata = getattr(value, "_metadata", None)  # module state dicts carry versions for load_state_dict
         if metadata is not None:
-            _walk(metadata, None, _at(where, "._metadata"), depth + 1, copy=False)
+            _walk(metadata, None, _at(where, "._metadata"), depth + 1, copy=None)
             if copy:
                 out._metadata = _plain_copy(metadata)
         return out
@@ -121,7 +123,7 @@ def _check_key(key: Any, where: str, depth: int) -> None:
     """A dict key or set element: a plain leaf, or a tuple of plain data (a numpy number as
     ``plain_numpy.pack`` writes it, whose tensor is its own copy: kept as it is)."""
     if type(key) is tuple:
-        _walk(key, None, where, depth, copy=False)
+        _walk(key, None, where, depth, copy=None)
     elif type(key) not in _LEAVES:
         raise _refuse(key, where)
 
@@ -130,6 +132,109 @@ def _at(where: str, part: str) -> str:
     """``where`` one level down: bounded, for a key may be the size of the payload, at every level (the path of a
     payload nested 257 deep under a key of 256 KB took 24 GB)."""
     return where + part if len(where) <= 200 else where if where.endswith("…") else where + "…"
+
+
+class _Staging:
+    """The copies of one :func:`stage_payload`, which keep what the payload shares shared: a tensor referenced twice
+    is copied once (one object, twice: ``state.pair = [t, t]``), and tensors that view one storage (a tied
+    embedding's two keys; ``buf[:3]`` and ``buf[3:]``) into one copy of the bytes they cover, so the checkpoint
+    holds them once and a resume gets them sharing memory, as a rollback to the commit does. Views that cover less
+    than half of what lies between them (two small slices at either end of a big buffer) are copied each on its
+    own, as before: tying them would write the bytes between. A buffer of the previous copy is reused at most once
+    (it may be a view of one copy that both stood in before)."""
+
+    def __init__(self, payload: Any) -> None:
+        self._copies: dict[int, torch.Tensor] = {}  # id of a live tensor -> its copy
+        self._spans = _shared_spans(payload)  # storage -> the bytes its views cover (first, end)
+        self._staged: dict[tuple[Any, int], torch.Tensor] = {}  # storage -> the copy of those bytes (uint8)
+        self._claimed: set[int] = set()  # the previous copy's buffers reused this time, by address
+
+    def tensor(self, value: torch.Tensor, old: Any) -> torch.Tensor:
+        copy = self._copies.get(id(value))
+        if copy is None:
+            src = value.detach()
+            span = self._spans.get(_storage(src)) if _viewable(src) else None
+            copy = self._view(src, span, old) if span else _copy_tensor(src, self._claim(old, None))
+            self._copies[id(value)] = copy
+        return copy
+
+    def _view(self, src: torch.Tensor, span: tuple[int, int], old: Any) -> torch.Tensor:
+        first, end = span
+        buf = self._staged.get(_storage(src))
+        if buf is None:
+            reused = self._claim(old, end - first)
+            buf = torch.empty(0, dtype=torch.uint8).set_(reused.untyped_storage()) if reused is not None else \
+                torch.empty(end - first, dtype=torch.uint8)
+            whole = torch.empty(0, dtype=torch.uint8, device=src.device).set_(src.untyped_storage())
+            buf.copy_(whole[first:end])
+            self._staged[_storage(src)] = buf
+        offset = (src.storage_offset() * src.element_size() - first) // src.element_size()
+        return torch.empty(0, dtype=src.dtype).set_(buf.untyped_storage(), offset, src.shape, src.stride())
+
+    def _claim(self, old: Any, nbytes: int | None) -> torch.Tensor | None:
+        """``old`` (a tensor of the previous copy) if its storage is not reused yet and is all its own (or, with
+        ``nbytes``, that many bytes on the CPU: a copy of a span to reuse whole); else None."""
+        if not isinstance(old, torch.Tensor) or old.device.type != "cpu" or old.layout != torch.strided:
+            return None
+        storage = old.untyped_storage()
+        fits = storage.nbytes() == nbytes if nbytes is not None else (
+            old.storage_offset() == 0 and storage.nbytes() == old.numel() * old.element_size())
+        if not fits or storage.data_ptr() in self._claimed:
+            return None
+        self._claimed.add(storage.data_ptr())
+        return old
+
+
+def _storage(tensor: torch.Tensor) -> tuple[Any, int]:
+    return tensor.device, tensor.untyped_storage().data_ptr()
+
+
+def _viewable(tensor: torch.Tensor) -> bool:
+    """Whether a copy of ``tensor`` can be a view of a copy of its storage's bytes (no conjugate or negative bit,
+    which a view of plain bytes would drop; not quantized; not an empty storage, at address 0 like every other; no
+    element reached twice, as ``expand`` makes: a checkpoint holding such a view is refused by every load)."""
+    return (tensor.layout == torch.strided and tensor.device.type != "meta" and not tensor.is_quantized
+            and not tensor.is_conj() and not tensor.is_neg() and tensor.untyped_storage().nbytes() > 0
+            and tensor.numel() * tensor.element_size() <= _extent(tensor))
+
+
+def _shared_spans(payload: Any) -> dict[tuple[Any, int], tuple[int, int]]:
+    """The storages that two tensors of ``payload`` or more view, each with the bytes they cover (first, end),
+    where those views together hold at least that many bytes and each starts at a whole element of its dtype from
+    the first."""
+    views: dict[tuple[Any, int], dict[int, torch.Tensor]] = {}
+    todo, seen = [(payload, 1)], set()
+    while todo:  # iterative and bounded: the walk that follows refuses what nests deeper
+        value, depth = todo.pop()
+        if isinstance(value, torch.Tensor):
+            if _viewable(value):
+                views.setdefault(_storage(value), {})[id(value)] = value
+        elif type(value) in (*_DICTS, list, tuple) and depth <= MAX_NESTING and id(value) not in seen:
+            seen.add(id(value))
+            todo += [(v, depth + 1) for v in (value.values() if isinstance(value, dict) else value)]
+    spans = {}
+    for key, tensors in views.items():
+        if len(tensors) < 2:
+            continue
+        ranges = [_byte_range(t) for t in tensors.values()]
+        first, end = min(r[0] for r in ranges), max(r[1] for r in ranges)
+        if sum(r[1] - r[0] for r in ranges) >= end - first and all(
+                (t.storage_offset() * t.element_size() - first) % t.element_size() == 0 for t in tensors.values()):
+            spans[key] = (first, end)
+    return spans
+
+
+def _byte_range(tensor: torch.Tensor) -> tuple[int, int]:
+    """The bytes of its storage that ``tensor`` reaches: (first, end)."""
+    first = tensor.storage_offset() * tensor.element_size()
+    return first, first + _extent(tensor)
+
+
+def _extent(tensor: torch.Tensor) -> int:
+    """How many bytes from its first element ``tensor`` reaches in its storage."""
+    if tensor.numel() == 0:
+        return 0
+    return tensor.element_size() * (1 + sum((n - 1) * stride for n, stride in zip(tensor.shape, tensor.stride())))
 
 
 def _copy_tensor(value: torch.Tensor, old: Any) -> torch.Tensor:
