@@ -37,7 +37,8 @@ def stored_records(file: IO[bytes], offset: int, length: int) -> list[zipfile.Zi
     """The records of the zip archive in the ``length`` bytes of ``file`` from ``offset``; ValueError, saying why,
     unless it is one as ``torch.save`` writes (not the legacy format, whose header gives the sizes to allocate) of
     stored records whose sizes sum to at most ``length`` (``torch.load`` allocates each record's announced size and
-    inflates a compressed one: 1 MB into a GiB), whose pickle builds tuples that :func:`_check_tuples` passes. An
+    inflates a compressed one: 1 MB into a GiB), whose pickle builds tuples that :func:`_check_tuples` passes (a
+    MemoryError of that check is a ValueError too: the load, which builds more, would fail the same way). An
     OSError of ``file`` is raised as it is: storage trouble, not a bad archive."""
     window = _Window(file, offset, length)
     archive = _unzipped(lambda: zipfile.ZipFile(window) if window.read(4) == b"PK\x03\x04" else None)
@@ -53,7 +54,11 @@ def stored_records(file: IO[bytes], offset: int, length: int) -> list[zipfile.Zi
         raise ValueError(f"holds records of {total:,} bytes in {length:,}")
     for record in records:  # each that torch.load could take for the pickle (it picks one by the archive's name)
         if record.filename.endswith("data.pkl"):
-            _check_tuples(_unzipped(functools.partial(archive.read, record)))
+            pickle = _unzipped(functools.partial(archive.read, record))
+            try:
+                _check_tuples(pickle)
+            except MemoryError:  # its stack: 8 bytes a value, a fraction of what the load would build
+                raise ValueError("could not be checked before its load (MemoryError)") from None
     return records
 
 
@@ -168,7 +173,8 @@ class _Run:
     """Consecutive opcodes of one kind that take ``width`` argument bytes each, matched at once."""
 
     def __init__(self, op: int, width: int) -> None:
-        self.match = re.compile(b"(?:%s[\\x00-\\xff]{%d})+" % (re.escape(bytes([op])), width)).match
+        # Possessive (++): a greedy group keeps a backtracking frame for each repetition, 117 MiB for a million.
+        self.match = re.compile(b"(?:%s[\\x00-\\xff]{%d})++" % (re.escape(bytes([op])), width)).match
         self.size = 1 + width
 
 

@@ -17,6 +17,7 @@ wrote, the manifest's size and SHA-256 set to match, as anyone who can write the
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -132,3 +133,73 @@ def test_a_save_refuses_what_a_load_would_in_bounded_memory_however_long_the_key
     assert out.startswith("refused: cannot checkpoint the dict at payload['extra']['\\x00\\x00") and \
         "…: containers nested more than 256 deep, which a load refuses" in out and int(out.split()[-1]) < 256, \
         out + err
+
+
+_SHORT_OF_MEMORY = """
+import gc, hashlib, io, json, logging, resource, sys, zipfile
+from pathlib import Path
+sys.path.insert(0, sys.argv[2])
+import torch
+from cloud_elastic.checkpoint import CheckpointStore, safety
+
+logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+buf = io.BytesIO()
+torch.save({"x": []}, buf)
+original, out = zipfile.ZipFile(io.BytesIO(buf.getvalue())), io.BytesIO()
+pickle = b"\\x80\\x02}X\\x01\\x00\\x00\\x00x](" + b"]" * 300_000 + b"es."  # {"x": 300,000 lists}, no memo entries
+with zipfile.ZipFile(out, "w") as archive:
+    for record in original.infolist():
+        archive.writestr(record.filename, pickle if record.filename.endswith("data.pkl") else original.read(record))
+data = out.getvalue()
+store = CheckpointStore(sys.argv[1], keep=3)
+store.save(1, {"w": torch.ones(3)})
+folder = Path(sys.argv[1]) / store.save(2, {"placeholder": 0}).name
+(folder / "state.pt").write_bytes(data)
+manifest = json.loads((folder / "manifest.json").read_text())
+manifest["data"].update(size=len(data), sha256=hashlib.sha256(data).hexdigest())
+(folder / "manifest.json").write_text(json.dumps(manifest))
+
+def bounded(extra, run):
+    gc.collect()
+    mapped = next(int(l.split()[1]) << 10 for l in open("/proc/self/status") if l.startswith("VmSize:"))
+    resource.setrlimit(resource.RLIMIT_AS, (mapped + extra, resource.RLIM_INFINITY))
+    try:
+        return run()
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+
+def outcome(extra):
+    try:
+        bounded(extra, lambda: safety.safe_load(data, "state.pt"))
+        return "loaded"
+    except safety.Unusable as exc:
+        return str(exc)
+
+print("unbounded:", outcome(1 << 40))
+low, high = 0, 256 << 20  # what the load and then the check need lies between: bisected to 64 KiB
+while high - low > 64 << 10:
+    middle = (low + high) // 2
+    found = outcome(middle)
+    print("bounded:", found)
+    if "once loaded" in found:
+        print("latest step", bounded(middle, store.latest).info.step)
+        break
+    low, high = (low, middle) if found == "loaded" else (middle, high)
+"""
+
+
+def test_a_check_that_runs_out_of_memory_after_the_load_falls_back(tmp_path: Path) -> None:
+    """fixC2's catch of a MemoryError of ``check_loaded`` (the load passed; the check's own bookkeeping, a few dozen
+    bytes a container, did not fit), reached for real: 300,000 lists written without pickle's memo entries (the
+    load then needs less than the check), loaded in a process whose address space is bounded just so (bisected).
+    Every bound ends in a load or a refusal in one line, never in a MemoryError out of the load (the scan before
+    it ran out of memory first at smaller bounds, and its MemoryError escaped ``latest()``: no fallback)."""
+    done = subprocess.run([sys.executable, "-c", _SHORT_OF_MEMORY, str(tmp_path), str(REPO)], cwd=REPO,
+                          capture_output=True, text=True, timeout=50, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert lines[0] == "unbounded: loaded", done.stdout
+    assert lines[-2] == "bounded: its state.pt could not be checked once loaded (MemoryError): corrupt or forged"
+    assert lines[-1] == "latest step 1", done.stdout
+    assert "is unusable (its state.pt could not be checked once loaded (MemoryError): corrupt or forged); falling " \
+        "back to the previous one" in done.stderr, done.stderr[-3000:]
