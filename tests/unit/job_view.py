@@ -44,6 +44,7 @@ class FakeJob:
         self.wall_offset = 0.0
         self.discovered_once = True
         self.last_discovery_error = ""
+        self.discovery_failing_since: float | None = None
         self.adopting = False
         self.actions: list[Any] = []
         self.events: list[tuple[str, dict[str, Any]]] = []

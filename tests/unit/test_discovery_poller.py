@@ -126,10 +126,9 @@ def test_a_failing_discovery_logs_a_few_lines_backs_off_and_reports_every_failur
     assert waits[:7] == [1, 2, 4, 8, 16, 30, 30] and max(waits) == MAX_BACKOFF_S == 30
     assert waits[-1] == 1.0  # back to the interval once it works
     lines = [(r.levelname, r.getMessage()) for r in caplog.records]
-    assert len(lines) == 4, lines  # not 120
+    assert len(lines) == 2, lines  # not 120: a reminder comes every 5 minutes at most
     assert lines[0][0] == "WARNING" and "ThrottlingException: Rate exceeded" in lines[0][1]
-    assert "failed 10 times" in lines[1][1] and "failed 100 times" in lines[2][1]
-    assert lines[3][0] == "INFO" and "works again" in lines[3][1] and "(120 call(s))" in lines[3][1]
+    assert lines[1][0] == "INFO" and "works again" in lines[1][1] and "(120 call(s))" in lines[1][1]
 
 
 def test_the_back_off_stays_within_its_bound_and_never_below_the_interval() -> None:
@@ -137,6 +136,39 @@ def test_the_back_off_stays_within_its_bound_and_never_below_the_interval() -> N
     assert waits == [0.5, 1, 2, 3, 3, 3, 3, 3, 0.5]
     _, waits = _poll_until_an_answer(Throttled(3), interval_s=2.0, max_backoff_s=0.1)
     assert waits == [2.0] * 4
+
+
+def test_an_hour_of_failures_logs_one_line_then_a_reminder_every_5_minutes_saying_what_the_job_does(caplog) -> None:
+    """Review s64 rvK: the kubernetes provider's error said for how many seconds its watch had been down, so each
+    call of a 10-minute outage was a new error and logged a WARNING. Errors that differ only in their numbers are
+    one error; for an hour of failures, one every 30 s, the log has the first line and a reminder every 5 minutes,
+    each saying what the job does meanwhile, then one line when discovery works again."""
+    caplog.set_level(logging.INFO, logger="cloud_elastic.driver.runtime.discovery")
+    streak = FailingStreak(1.0, meanwhile=lambda: "; the job trains on with its current hosts")
+    for t in range(0, 3600, 30):
+        streak.failed(f"the pods watch has been down for {t + 30} s: HTTP 503 Service Unavailable", float(t))
+    streak.succeeded(3600.0)
+    lines = [(r.levelname, r.getMessage()) for r in caplog.records]
+    assert [level for level, _ in lines] == ["WARNING"] * 12 + ["INFO"], lines
+    assert lines[0][1] == ("host discovery failed: the pods watch has been down for 30 s: HTTP 503 Service "
+                           "Unavailable; retrying, less often while it fails (up to every 30s); the job trains on "
+                           "with its current hosts")
+    assert lines[1][1] == ("host discovery has failed for 300s (11 calls in a row), the latest: the pods watch has "
+                           "been down for 330 s: HTTP 503 Service Unavailable; the job trains on with its current hosts")
+    assert [int(m.split("failed for ")[1].split("s")[0]) for _, m in lines[1:12]] == list(range(300, 3600, 300))
+    assert lines[12][1] == "host discovery works again, after failing for 3600.0s (120 call(s))"
+
+
+def test_errors_taking_turns_are_each_logged_once(caplog) -> None:
+    caplog.set_level(logging.INFO, logger="cloud_elastic.driver.runtime.discovery")
+    streak = FailingStreak(1.0)
+    for n in range(1, 20):
+        streak.failed(("Rate exceeded", "AccessDenied", "no answer within 30.0s")[n % 3], float(n))
+    assert [r.getMessage() for r in caplog.records] == [
+        "host discovery failed: AccessDenied; retrying, less often while it fails (up to every 30s)",
+        "host discovery failed: no answer within 30.0s (2 calls in a row)",
+        "host discovery failed: Rate exceeded (3 calls in a row)",
+    ]
 
 
 def test_a_new_error_within_a_failing_streak_is_logged_once(caplog) -> None:

@@ -32,10 +32,15 @@ def below_min_np(np: int = 2, checkpointing: bool = True) -> Sim:
     return sim
 
 
-def discovery_failing_while_training(hosts: dict[str, int] | None = None, **policy: float) -> Sim:
+#: The reason of the failure ending the job in :func:`failing_while_training` (any ``ElasticJob.end`` that is not a
+#: success takes the failing end: see cloud_elastic.driver.job.ending).
+FAILED = "round 1 stalled 3 times in a row"
+
+
+def failing_while_training(hosts: dict[str, int] | None = None, **policy: float) -> Sim:
     """Round 1 of the workers on ``hosts`` (default a[0], a[1]) trains, each at commit 9 as its heartbeats tell (the
-    checkpoint holds commit 1); discovery fails past --elastic-timeout: the failing stop begins and aborts
-    the round."""
+    checkpoint holds commit 1); discovery fails past --elastic-timeout, which ends nothing (the job trains on with
+    its hosts); then a failure ends the job: the failing stop begins and aborts the round."""
     hosts = hosts or {"a": 2}
     sim = Sim(sum(hosts.values()), elastic_timeout_s=5, checkpointing=True, **policy)
     assert_round(sim.start(hosts), 1, needs_sync=True)
@@ -45,6 +50,8 @@ def discovery_failing_while_training(hosts: dict[str, int] | None = None, **poli
     sim.discovery_failed("throttled")
     sim.advance(6)
     sim.discovery_failed("throttled")
+    assert sim.outcome is None and sim.job.abort_round == 0 and sim.stops == []
+    sim.job.end(False, FAILED, 1)
     assert sim.outcome is None and sim.job.abort_round == 1
     return sim
 
@@ -130,10 +137,11 @@ def test_without_a_checkpoint_dir_the_job_fails_at_once_as_before() -> None:
 
 
 def test_a_failure_while_a_round_trains_aborts_it_and_a_member_checkpoints_the_commit_it_rolls_back_to() -> None:
-    """Discovery failing past --elastic-timeout ends a job whose round still trains (or a round stalled in a
-    collective that will never complete: it would never reach a next commit). The round is aborted: its members
-    roll back to their last commit and leave with it from rendezvous, the first to leave writing it."""
-    sim = discovery_failing_while_training()
+    """A failure ending a job whose round still trains (or a round stalled in a collective that will never
+    complete: it would never reach a next commit; discovery failing past --elastic-timeout did so until review s64
+    rvK). The round is aborted: its members roll back to their last commit and leave with it from rendezvous, the
+    first to leave writing it."""
+    sim = failing_while_training()
     assert sim.outcome is None and sim.job.abort_round == 1
     back_with(sim, "a[1]", 9)  # freed from its collective by the abort, holding commit 9
     assert sim.reply("a[1]") is None  # it waits for a[0]: who holds the newest commit is known once both are back
@@ -145,14 +153,14 @@ def test_a_failure_while_a_round_trains_aborts_it_and_a_member_checkpoints_the_c
     sim.exit("a[1]", CLEAN)
     sim.exit("a[0]", CLEAN)
     assert sim.outcome is not None and sim.outcome.exit_code == 1
-    assert sim.outcome.reason == ("host discovery kept failing for 5s (--elastic-timeout): throttled; checkpoint of "
-                                  "step 90 written; the same command resumes from it")
+    assert sim.outcome.reason == f"{FAILED}; checkpoint of step 90 written; the same command resumes from it"
 
 
 def test_discovery_retried_every_second_during_the_failing_stop_leaves_the_writer_its_time() -> None:
     """Review rv5 (g2_discovery_bigstate.sh, a 600 MB state): the discovery loop's next retry, a second into the
-    stop, ended the job again, at once: the writer had 1 s, not 20, and only an older checkpoint was left."""
-    sim = discovery_failing_while_training()
+    stop, ended the job again, at once: the writer had 1 s, not 20, and only an older checkpoint was left. Discovery
+    failing on during a failing stop still ends nothing."""
+    sim = failing_while_training()
     back_with(sim, "a[1]", 9)
     back_with(sim, "a[0]", 9)
     writer, other = ("a[0]", "a[1]") if sim.reply("a[0]").writer else ("a[1]", "a[0]")
@@ -165,8 +173,7 @@ def test_discovery_retried_every_second_during_the_failing_stop_leaves_the_write
     sim.job.checkpoint_saved(90, 9)
     sim.exit(writer, CLEAN)
     assert sim.outcome is not None and sim.outcome.exit_code == 1
-    assert sim.outcome.reason == ("host discovery kept failing for 5s (--elastic-timeout): throttled; checkpoint of "
-                                  "step 90 written; the same command resumes from it")
+    assert sim.outcome.reason == f"{FAILED}; checkpoint of step 90 written; the same command resumes from it"
 
 
 def test_a_resumed_job_failing_before_its_first_commit_writes_nothing_and_resumes_from_what_it_loaded() -> None:
@@ -190,8 +197,8 @@ def test_a_resumed_job_failing_before_its_first_commit_writes_nothing_and_resume
 
 
 def split_round() -> Sim:
-    """Round 1 of a[0] and b[0], aborted by a failing stop (see discovery_failing_while_training)."""
-    return discovery_failing_while_training({"a": 1, "b": 1})
+    """Round 1 of a[0] and b[0], aborted by a failing stop (see failing_while_training)."""
+    return failing_while_training({"a": 1, "b": 1})
 
 
 def test_members_back_one_commit_apart_only_the_newer_commit_is_written() -> None:
@@ -227,7 +234,7 @@ def test_under_whole_hosts_every_host_mate_of_the_writer_checkpoints_its_shard_a
     took its host-mate along to its exit order, and the release loop, reaching that mate, stopped it (it was no
     longer at rendezvous as it saw it): the writer's save needed that mate's shard, no checkpoint was written, and
     a rerun went back to step 1."""
-    sim = discovery_failing_while_training({"a": 2, "b": 2}, whole_host_slots=2)
+    sim = failing_while_training({"a": 2, "b": 2}, whole_host_slots=2)
     slots = ("a[0]", "a[1]", "b[0]", "b[1]")
     for slot in slots:
         back_with(sim, slot, 9)
@@ -248,11 +255,10 @@ def test_under_whole_hosts_a_host_mate_sent_away_first_does_not_drain_the_holder
     for slot in ("a[0]", "a[1]"):
         sim.job.heartbeat(sim.id(slot), sim.now, 9, 9)
     sim.job.checkpoint_saved(1, 1)
-    sim.discovery_failed("throttled")
     sim.advance(5)
     sim.job.rendezvous(sim.id("a[1]"), 1, "failure", sim.now, 9, 0, 9, holds_commit=False)
     sim.advance(1)
-    sim.discovery_failed("throttled")  # the failing stop begins while a[0] is still in its (aborted) round
+    sim.job.end(False, FAILED, 1)  # the failing stop begins while a[0] is still in its (aborted) round
     back_with(sim, "a[0]", 9)
     holder, mate = sim.reply("a[0]"), sim.reply("a[1]")
     assert isinstance(holder, ExitOrder) and holder.writer and holder.checkpoint_s, holder

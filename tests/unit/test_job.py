@@ -544,25 +544,48 @@ def test_first_discovery_fatal_failure_fails_at_once() -> None:
     failed(sim, "host discovery failed: no such group")
 
 
-def test_later_discovery_failures_are_tolerated_until_elastic_timeout() -> None:
-    sim = started(2, {"a": 2}, elastic_timeout_s=60)
+def _train_while_discovery_fails(sim: Sim, seconds: int, slots: tuple[str, ...], error: str = "throttled", *,
+                                 fatal: bool = False) -> None:
+    """Every 30 s of ``seconds``: the workers on ``slots`` commit and progress (their heartbeats say so) and
+    discovery fails."""
+    for _ in range(seconds // 30):
+        sim.advance(30)
+        sim.commit(*slots)
+        for slot in slots:  # progress too (the round is not stuck: --progress-timeout)
+            sim.job.heartbeat(sim.id(slot), sim.now, progress=sim.commits[sim.id(slot)])
+        sim.discovery_failed(error, fatal=fatal)
 
-    def fail_for(seconds: float) -> None:
-        sim.advance(seconds)
-        sim.discovery_failed("throttled")
 
-    fail_for(0)
-    fail_for(59)
-    sim.discover({"a": 2})  # a success restarts the count
-    fail_for(1)
-    fail_for(59)
+def test_later_discovery_failures_never_end_a_job_that_trains_at_min_np() -> None:
+    """Review s64 rvK: discovery failing past --elastic-timeout (an API throttled for 10 min, a permission taken away,
+    a control-plane upgrade) ended a healthy job. It is the job's word on which hosts exist, not on whether its
+    workers live: the job keeps its hosts and trains on, however long discovery fails."""
+    sim = started(2, {"a": 1, "b": 1}, elastic_timeout_s=60)
+    _train_while_discovery_fails(sim, 600, ("a[0]", "b[0]"))  # 10 minutes, ten times --elastic-timeout
+    assert sim.outcome is None and sim.stops == [] and sim.poll("a[0]").abort_round == 0
+    sim.discover({"a": 1, "b": 1})
+    assert sim.outcome is None and sim.job.discovery_failing_since is None
+
+
+def test_below_min_np_while_discovery_fails_the_job_ends_after_elastic_timeout_saying_so() -> None:
+    """Discovery failing cannot bring a host to take a lost worker's place: below --min-np the job waits
+    --elastic-timeout, as for any wait for hosts, and its end line says that discovery has been failing."""
+    sim = started(2, {"a": 1, "b": 1}, elastic_timeout_s=60, cooldown=(300, 300))
+    sim.discovery_failed("throttled")
+    sim.advance(90)
+    sim.discovery_failed("throttled")
+    sim.exit("b[0]", KILLED)  # its slot cools down for 300 s: no round of --min-np 2 can form meanwhile
+    sim.advance(59)
+    sim.discovery_failed("throttled")
     assert sim.outcome is None
-    fail_for(2)
-    failed(sim, "kept failing for 60s", "throttled")
+    sim.advance(2)
+    failed(sim, "fewer than --min-np 2 worker(s) for 60s (elastic timeout); last failure: ",
+           "; host discovery has failed for 150s, so no new host can be seen: throttled")
 
 
-def test_a_fatal_discovery_error_after_discovery_worked_keeps_the_hosts_until_elastic_timeout(caplog) -> None:
-    """An AWS session token expiring mid-job (ExpiredToken; the next call refreshes it) ended a healthy job at once."""
+def test_a_fatal_discovery_error_after_discovery_worked_keeps_the_hosts_and_the_job_trains_on(caplog) -> None:
+    """An AWS session token expiring mid-job (ExpiredToken; the next call refreshes it) ended a healthy job at once;
+    one that never passes (a permission taken away) ended it after --elastic-timeout: now neither does."""
     sim = started(2, {"a": 2}, elastic_timeout_s=60)
     caplog.set_level(logging.WARNING, logger="cloud_elastic")
     sim.discovery_failed("An error occurred (ExpiredToken)", fatal=True)
@@ -572,15 +595,8 @@ def test_a_fatal_discovery_error_after_discovery_worked_keeps_the_hosts_until_el
     warned = [r.getMessage() for r in caplog.records if "ExpiredToken" in r.getMessage()]
     assert len(warned) == 1 and "the job keeps its current hosts" in warned[0], warned
     sim.discover({"a": 2})  # the next call worked
-    sim.discovery_failed("AccessDenied", fatal=True)  # one that never passes is bounded like any failure
-    sim.advance(59)
-    sim.discovery_failed("AccessDenied", fatal=True)
-    assert sim.outcome is None
-    sim.advance(2)
-    sim.discovery_failed("AccessDenied", fatal=True)
-    assert sim.outcome is not None and sim.outcome.reason == (
-        "host discovery kept failing for 60s (--elastic-timeout): AccessDenied")
-    assert isinstance(sim.reply("a[0]"), ExitOrder)
+    _train_while_discovery_fails(sim, 600, ("a[0]", "a[1]"), "AccessDenied", fatal=True)
+    assert sim.outcome is None and sim.stops == [] and sim.poll("a[0]").abort_round == 0
 
 
 # -------------------------------------------------------- bugs found here

@@ -13,7 +13,8 @@
   ``whole_host_slots`` workers at once when every one of those slots is free
   and usable, and only while the job has room for all of them;
 * the ``min_np`` watch (:meth:`Capacity.check`): below ``min_np`` workers for
-  ``elastic_timeout_s`` the job fails; with a host source that never grows (a fixed
+  ``elastic_timeout_s`` the job fails (the only end of a job whose discovery fails once it has
+  answered: see :mod:`.discovery_edge`; the line then says so); with a host source that never grows (a fixed
   ``-H`` list, ``Policy.hosts_fixed``) it fails at once when the slots of its hosts ready,
   draining for a notice (which may lapse) or missing, less those blacklisted for the rest
   of the job and the hosts an operator drained, are fewer than ``min_np`` (no wait can
@@ -163,7 +164,7 @@ class Capacity:
                 job.end(False, why + job.last_discovery_error, 1)
                 return
             job.end(False, f"only {free} slot(s) available after {policy.start_timeout_s:g}s; "
-                           f"-np {policy.num_proc} needed to start", 1)
+                           f"-np {policy.num_proc} needed to start{self._discovery_failing(now)}", 1)
 
     def _round_finishing(self) -> bool:
         """A member of the current round returned from its training function at the job's newest commit while rank 0
@@ -223,8 +224,8 @@ class Capacity:
             wait, limit = policy.elastic_timeout_s, ""
             if failed_start:
                 wait, limit = max(0.0, self.started_at + policy.start_timeout_s - now), " (--start-timeout)"
-            log.warning("job %s: %d worker(s) %s, below --min-np %d; waiting up to %gs%s for more", job.job_id,
-                        counted, what, policy.min_np, round(wait), limit)
+            log.warning("job %s: %d worker(s) %s, below --min-np %d; waiting up to %gs%s for more%s", job.job_id,
+                        counted, what, policy.min_np, round(wait), limit, self._discovery_failing(now))
         else:
             self._progress(now, "min_np", f"below --min-np {policy.min_np}: {counted} worker(s) {what}",
                            lambda: self._held_back(now))
@@ -239,9 +240,19 @@ class Capacity:
             job.end(
                 False,
                 f"fewer than --min-np {policy.min_np} worker(s) for {policy.elastic_timeout_s:g}s "
-                f"(elastic timeout){last}",
+                f"(elastic timeout){last}{self._discovery_failing(now)}",
                 1,
             )
+
+    def _discovery_failing(self, now: float) -> str:
+        """What a wait for slots says of discovery failing since it answered ('' if it is not): while it fails the
+        job keeps its hosts (see :mod:`.discovery_edge`), and no new host can end the wait."""
+        job = self._job
+        since = job.discovery_failing_since
+        if since is None or not job.discovered_once:
+            return ""
+        return (f"; host discovery has failed for {now - since:.0f}s, so no new host can be seen: "
+                f"{job.last_discovery_error}")
 
     def _remember_slots(self) -> None:
         """Note each host's slots while ready or missing: a draining host's are no longer in ``hosts.ready``."""

@@ -4,16 +4,26 @@ Discovery is the job's word on which hosts exist, not on whether its workers liv
 heartbeats and exits say that). :class:`DiscoveryEdge` decides, for the job:
 
 * a snapshot changes the hosts (:class:`~.hosts.HostManager`); what changed is logged and emitted;
-* a failed discovery call is retried: up to ``--start-timeout`` until discovery first answers
-  (in a new job), up to ``--elastic-timeout`` after, the job ending in one line if it has not
-  answered by then.
+* a failed discovery call is retried. Before this driver's discovery first answers, a new job waits
+  up to ``--start-timeout`` (a driver that adopts workers or resumes the job,
+  :attr:`DiscoveryEdge.answered_before`, up to ``--elastic-timeout``: it cannot take its workers back
+  without an answer), and ends in one line if it has not answered by then.
+  Once discovery answered, a failure never ends the job by itself: an AWS API throttled for ten
+  minutes, a permission taken away by mistake, a Kubernetes control-plane upgrade all leave the
+  workers training. The job keeps its current hosts and trains on while it can: it cannot see
+  new hosts, reclaims announced only through discovery (notices from the hosts themselves still
+  come), or a scale-in until discovery answers again. Only the ``--min-np`` watch
+  (:mod:`.capacity`) ends it: fewer than ``--min-np`` workers for ``--elastic-timeout`` (its line
+  then says for how long discovery has failed, and its latest error). The log says
+  so once when discovery starts failing and at most every few minutes after
+  (:class:`~cloud_elastic.driver.runtime.discovery.FailingStreak`).
   A fatal error (the provider says retrying cannot help) ends the job at once only before
   discovery first answered, in a new job: a typo in a group name fails fast. A restarted
-  driver that adopts workers or resumes the job (:attr:`DiscoveryEdge.answered_before`)
-  goes on with a job whose discovery answered before. Once it has answered, the
-  same call worked, and a long job meets "fatal" errors that pass (an expired session token
-  refreshed the next call, a metadata server's 5xx while refreshing a token): the job keeps its
-  current hosts, says so in a WARNING, and counts the error as any other failure;
+  driver that adopts workers or resumes the job goes on with a job whose discovery answered
+  before. Once it has answered, the same call worked, and a long job meets "fatal" errors that
+  pass (an expired session token refreshed the next call, a metadata server's 5xx while
+  refreshing a token): the job keeps its current hosts, says so in a WARNING, and counts the
+  error as any other failure;
 * a host missing from discovery past ``--host-missing-grace`` (not draining: just absent) is
   removed and its workers leave, unless that would take away the last live holders of the
   newest commit, or leave fewer than ``--min-np`` workers (counting those that reached
@@ -69,7 +79,6 @@ class DiscoveryEdge:
         self._job = job
         self._lapsed = lapsed
         self._send_away = send_away
-        self._failing_since: float | None = None
         self._fatal_said = ""  # the fatal error last logged in the current run of failures
         self._kept: dict[str, str] = {}  # host missing past the grace -> why its workers are kept
         self._let_go: set[str] = set()  # kept hosts whose workers are no longer needed (for the log)
@@ -88,7 +97,7 @@ class DiscoveryEdge:
         job = self._job
         hosts = job.hosts
         job.discovered_once = True
-        self._failing_since, self._fatal_said = None, ""
+        job.discovery_failing_since, self._fatal_said = None, ""
         was_missing = set(hosts.missing)
         self._now = now
         in_use = {w.slot.host for w in job.alive()}
@@ -149,21 +158,19 @@ class DiscoveryEdge:
             job.end(False, f"host discovery failed: {message}", 1)
             return
         job.last_discovery_error = message
-        if self._failing_since is None:
-            self._failing_since = now
-        limit = policy.elastic_timeout_s if answered else policy.start_timeout_s
-        if now - self._failing_since > limit:
-            which = "--elastic-timeout" if answered else "--start-timeout"
-            job.end(False, f"host discovery kept failing for {limit:g}s ({which}): {message}", 1)
-            return
+        if job.discovery_failing_since is None:
+            job.discovery_failing_since = now
         if fatal and message != self._fatal_said:
             self._fatal_said = message
-            left = limit - (now - self._failing_since)
             when = "before" if job.discovered_once else "for this job's previous driver"
             log.warning("job %s: host discovery failed with an error it calls fatal: %s. Discovery worked %s, so "
                         "this may pass (a token being refreshed, a throttled metadata server): the job keeps its "
-                        "current hosts and retries, and ends if discovery has not answered within %gs more "
-                        "(--elastic-timeout)", job.job_id, message, when, left)
+                        "current hosts and retries", job.job_id, message, when)
+        if not job.discovered_once:  # no hosts known to this driver yet: it cannot run the job without an answer
+            limit = policy.elastic_timeout_s if answered else policy.start_timeout_s
+            if now - job.discovery_failing_since > limit:
+                which = "--elastic-timeout" if answered else "--start-timeout"
+                job.end(False, f"host discovery kept failing for {limit:g}s ({which}): {message}", 1)
 
     def expire(self, now: float) -> None:
         """Remove the hosts missing past the grace that may go (see module docstring)."""

@@ -1,7 +1,7 @@
 """A job that fails while a worker holds a commit newer than the last checkpoint: that commit is checkpointed first.
 
 A failure ending (fewer than ``--min-np`` workers past ``--elastic-timeout``, ``--reset-limit`` exceeded, a round
-that keeps failing to form, discovery failing for good, any other ``ElasticJob.end`` that is not a success) used to
+that keeps failing to form, discovery never answering, any other ``ElasticJob.end`` that is not a success) used to
 stop every worker at once: the survivors' commits since the last periodic checkpoint were thrown away, and the
 rerun repeated them without a word. :class:`FailingEnd` sends such an ending through the path a SIGINT's graceful
 stop takes (:class:`~.stopping.GracefulStop`, with ``failing``): the same writer choice (the holders of the newest

@@ -56,6 +56,7 @@ class JobState:
     wall_offset: float = field(default=0.0, init=False)
     discovered_once: bool = field(default=False, init=False)
     last_discovery_error: str = field(default="", init=False)
+    discovery_failing_since: float | None = field(default=None, init=False)
     #: The time of the latest step (or discovery failure): a failing end that checkpoints first starts then.
     stepped_at: float | None = field(default=None, init=False)
     _actions: list[Action] = field(default_factory=list, init=False)

@@ -57,6 +57,8 @@ class JobView(Protocol):
     #: Discovery has answered at least once, and what its last failure said.
     discovered_once: bool
     last_discovery_error: str
+    #: Since when discovery has been failing (None: its last call answered, or none failed).
+    discovery_failing_since: float | None
     #: A restarted driver's adoption window is open (see :mod:`.adoption`).
     adopting: bool
 

@@ -2,13 +2,13 @@
 
 Horovod deadlocked (#3014) when discovery ran under a lock the rest of the
 driver needed; here the provider is called with no lock held and its result
-is handed over through a callback, which is the only place the driver lock
-is taken.
+is handed over through a callback, which (with ``meanwhile``, the job's words for
+the log lines of a failing streak) is the only place the driver lock is taken.
 
 No call is waited for longer than ``--discovery-timeout``: an SDK's own timeouts bound each socket read, not a
 request (a server trickling its answer a byte at a time holds one for ever), so find() runs on a thread of its
-own, which the poller stops waiting for. The call then counts as a retryable failure, and the job's
-``--start-timeout`` and ``--elastic-timeout`` run on. A provider that bounds its calls itself is waited for as
+own, which the poller stops waiting for. The call then counts as a retryable failure (what the job makes of
+one: :mod:`cloud_elastic.driver.job.discovery_edge`). A provider that bounds its calls itself is waited for as
 long as it says, if longer (:func:`~cloud_elastic.providers.multi.call_limit_s`): a script given ``-o timeout_s``
 above ``--discovery-timeout``, and a multi-source provider, which waits for each source up to its own limit.
 """
@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import queue
+import re
 import sys
 import threading
 import time
@@ -27,7 +28,8 @@ from cloud_elastic.errors import DiscoveryError, FatalDiscoveryError
 from cloud_elastic.providers.api import DiscoveredHosts, HostDiscovery, cancel_find
 from cloud_elastic.providers.multi import Caller, call_limit_s
 
-__all__ = ["discover", "DiscoveryPoller", "DiscoveryFailure", "FailingStreak", "DISCOVERY_TIMEOUT_S", "MAX_BACKOFF_S"]
+__all__ = ["discover", "DiscoveryPoller", "DiscoveryFailure", "FailingStreak", "DISCOVERY_TIMEOUT_S", "MAX_BACKOFF_S",
+           "REMIND_EVERY_S"]
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +38,11 @@ log = logging.getLogger(__name__)
 MAX_BACKOFF_S = 30.0
 #: The longest one find() is waited for (``--discovery-timeout``'s default).
 DISCOVERY_TIMEOUT_S = 30.0
+#: While discovery fails, a reminder at most this often says for how long (see :class:`FailingStreak`).
+REMIND_EVERY_S = 300.0
+#: The different errors one failing streak logs as they come; the reminders say the latest after that.
+_ERRORS_SAID = 8
+_NUMBER = re.compile(r"\d+")
 #: How often a first discovery call in progress looks whether the job is stopping (see ``poll_once``).
 _STOPPING_CHECK_S = 0.1
 
@@ -56,32 +63,42 @@ Result = Union[DiscoveredHosts, DiscoveryFailure]
 class FailingStreak:
     """The log lines and the back-off of a run of failed discovery calls.
 
-    One WARNING when calls start failing and one each time the error changes, a count at 10, 100, 1,000,
-    ... failed calls (with the latest error), and one INFO line when a call works again, saying for how long
-    and how many calls it failed: a cloud API failing for the whole ``--elastic-timeout`` logs a handful of
-    lines, not one a second. :meth:`failed` returns the wait before the next call: ``interval_s`` doubled per failure, at most
-    ``max_wait_s`` (never below ``interval_s``).
+    One WARNING when calls start failing and one the first time each other error comes (errors that differ only
+    in their numbers, a count of seconds or a request id, are one error; at most :data:`_ERRORS_SAID` of them a
+    streak), a reminder at most every ``remind_every_s`` (5 minutes) saying for how long and how many calls it
+    has failed, with the latest error, and one INFO line when a call works again, saying for how long and how
+    many calls it failed: a cloud API failing for an hour logs a handful of lines, not one a second.
+    ``meanwhile()`` says what the job does while discovery fails (it trains on with its current hosts); it is
+    added to the first line and to each reminder. :meth:`failed` returns the wait before the next call:
+    ``interval_s`` doubled per failure, at most ``max_wait_s`` (never below ``interval_s``).
     """
 
-    def __init__(self, interval_s: float, max_wait_s: float = MAX_BACKOFF_S) -> None:
+    def __init__(self, interval_s: float, max_wait_s: float = MAX_BACKOFF_S, *,
+                 meanwhile: Callable[[], str] = lambda: "", remind_every_s: float = REMIND_EVERY_S) -> None:
         self._interval_s = interval_s
         self._max_wait_s = max(interval_s, max_wait_s)
+        self._meanwhile = meanwhile
+        self._remind_every_s = remind_every_s
         self.count = 0
         self._since = 0.0
-        self._said = ""
+        self._reminded = 0.0
+        self._said: set[str] = set()  # the errors logged this streak, their numbers masked
 
     def failed(self, message: str, now: float) -> float:
         self.count += 1
+        shape = _NUMBER.sub("#", message)
         if self.count == 1:
-            self._since = now
-            log.warning("host discovery failed: %s; retrying, less often while it fails (up to every %gs)",
-                        message, self._max_wait_s)
-        elif message != self._said:
+            self._since = self._reminded = now
+            self._said = {shape}
+            log.warning("host discovery failed: %s; retrying, less often while it fails (up to every %gs)%s",
+                        message, self._max_wait_s, self._meanwhile())
+        elif shape not in self._said and len(self._said) < _ERRORS_SAID:
+            self._said.add(shape)
             log.warning("host discovery failed: %s (%d calls in a row)", message, self.count)
-        elif str(self.count).rstrip("0") == "1":  # 10, 100, 1000, ...
-            log.warning("host discovery has failed %d times in a row over %.0fs, the latest: %s",
-                        self.count, now - self._since, message)
-        self._said = message
+        elif now - self._reminded >= self._remind_every_s:
+            self._reminded = now
+            log.warning("host discovery has failed for %.0fs (%d calls in a row), the latest: %s%s",
+                        now - self._since, self.count, message, self._meanwhile())
         return min(self._max_wait_s, self._interval_s * 2.0 ** min(self.count - 1, 64))
 
     def succeeded(self, now: float) -> float:
@@ -95,8 +112,9 @@ class FailingStreak:
 class DiscoveryPoller:
     """Calls ``discovery.find()`` every ``interval_s`` and reports each result.
 
-    While calls fail, each failure is still reported (the job counts its ``--elastic-timeout`` from them) but
-    they are logged and spaced as :class:`FailingStreak` says, at most ``max_backoff_s`` apart.
+    While calls fail, each failure is still reported to the job but they are logged and spaced as
+    :class:`FailingStreak` says (``meanwhile``: what the job does meanwhile, for its lines), at most
+    ``max_backoff_s`` apart.
 
     The provider's write paths (:meth:`HostDiscovery.release`,
     :meth:`HostDiscovery.set_capacity`) run on the same thread, so a provider
@@ -110,7 +128,8 @@ class DiscoveryPoller:
     """
 
     def __init__(self, discovery: HostDiscovery, on_result: Callable[[Result], None], *, interval_s: float,
-                 max_backoff_s: float = MAX_BACKOFF_S, call_timeout_s: float = DISCOVERY_TIMEOUT_S) -> None:
+                 max_backoff_s: float = MAX_BACKOFF_S, call_timeout_s: float = DISCOVERY_TIMEOUT_S,
+                 meanwhile: Callable[[], str] = lambda: "") -> None:
         self._discovery = discovery
         self._call_timeout_s = call_timeout_s
         #: How long one call is waited for: ``--discovery-timeout``, or the provider's own limit if longer.
@@ -118,7 +137,7 @@ class DiscoveryPoller:
         self._caller: Caller[Result] = Caller(self._call)
         self._on_result = on_result
         self._interval_s = interval_s
-        self._streak = FailingStreak(interval_s, max_backoff_s)
+        self._streak = FailingStreak(interval_s, max_backoff_s, meanwhile=meanwhile)
         self._stop = threading.Event()
         self._wake = threading.Event()  # set by close() too, so that a wait ends at once
         self._thread: threading.Thread | None = None

@@ -314,12 +314,20 @@ class Driver:
         self._start_polling()
 
     def _start_polling(self) -> None:
-        # Failing calls are spaced out, but by at most a tenth of --elastic-timeout: the job ends on a reported
-        # failure past it, so it ends at most that much late.
+        # Failing calls are spaced out, but by at most a tenth of --elastic-timeout: a job waiting below --min-np
+        # sees the hosts of discovery's next answer at most that much late.
         self._poller = DiscoveryPoller(self._discovery, self._on_discovery, interval_s=self.config.discovery_interval_s,
                                        max_backoff_s=min(MAX_BACKOFF_S, self.config.elastic_timeout_s / 10),
-                                       call_timeout_s=self._discovery_timeout_s)
+                                       call_timeout_s=self._discovery_timeout_s, meanwhile=self._while_discovery_fails)
         self._poller.start()
+
+    def _while_discovery_fails(self) -> str:
+        """What the job does while discovery fails, for the poller's lines (see :mod:`cloud_elastic.driver.job.discovery_edge`)."""
+        with self._cond:
+            hosts, workers = len(self._job.hosts.ready), len(self._job.active())
+        return (f"; the job trains on with its current {hosts} host(s) and {workers} worker(s), but cannot see new "
+                "hosts, reclaims announced only through discovery, or a scale-in until discovery answers; it ends only "
+                f"below --min-np {self.config.min_np} for --elastic-timeout {self.config.elastic_timeout_s:g}s")
 
     def _start_adopting(self, window: AdoptionWindow, plan: StartPlan) -> None:
         """Let the predecessor's workers re-register (they may have begun already), then carry on with them.
