@@ -43,6 +43,9 @@ bounded (see the watch module): more than
 ``MAX_HOSTS`` objects, 100 pages or a 64 MiB page is fatal (a cluster of more
 nodes than that needs ``node_selector``, and the error says so), one that has
 not ended within 6 × ``timeout_s`` on the wall clock is retryable.
+The client's urllib3 retries nothing: a 429 or 503 with ``Retry-After`` is
+waited for here, at most 30 s (a first list is not asked again before then,
+a watch reconnects after it), and the error says so.
 
 Staleness: later, a pods watch down for ``stale_after_s`` (30 s) makes find()
 raise RetryableDiscoveryError until it is back. A watch that fails (cut,
@@ -89,7 +92,7 @@ from typing import Any, Callable, Mapping
 from cloud_elastic.errors import ConfigError, DiscoveryError, FatalDiscoveryError, RetryableDiscoveryError
 from cloud_elastic.providers._common import CloudGroupProvider, OptionReader, error_for_status, one_line
 from cloud_elastic.providers.api import DiscoveredHosts, ProviderOption, parse_bool
-from cloud_elastic.providers.kubernetes_stream import BoundedErrors
+from cloud_elastic.providers.kubernetes_stream import BoundedErrors, retry_after
 from cloud_elastic.providers.kubernetes_view import ClusterView
 from cloud_elastic.providers.kubernetes_watch import ListTooLarge, ResourceWatch, keepalive_options
 
@@ -163,7 +166,7 @@ class KubernetesPods(CloudGroupProvider):
         ProviderOption("drain_on_rebalance", "drain on a cordon or a rebalance-recommendation taint instead of "
                        "only keeping new workers off", default="false"),
         ProviderOption("container", "the container workers run in: its GPU limit and restarts count (default: "
-                       "the pod's first)"),
+                       "the one with a gpu_resource limit, else the one named 'worker', else the pod's first)"),
         ProviderOption("gpu_resource", "the resource whose limit gives a pod's slots", default="nvidia.com/gpu"),
         ProviderOption("node_selector", "label selector of the nodes to watch (default: all nodes)"),
         ProviderOption("timeout_s", "connect/read timeout of one list request, seconds", default="10"),
@@ -200,6 +203,8 @@ class KubernetesPods(CloudGroupProvider):
         self._cached: tuple[int, DiscoveredHosts] | None = None
         self._nodes_refused = False
         self._nodes_warned: float | None = None  # when the nodes watch outage last warned about began
+        #: A first list answered 429/503 with Retry-After: (not before this time.monotonic(), its error) .
+        self._throttled: tuple[float, DiscoveryError] | None = None
         self._server = ""
 
     @classmethod
@@ -253,6 +258,10 @@ class KubernetesPods(CloudGroupProvider):
         if self.namespace is None:
             self.namespace = namespace or "default"
         cfg.socket_options = keepalive_options(self.sdk["urllib3"].connection.HTTPConnection.default_socket_options)
+        # No retries inside urllib3: its default Retry(3) slept a 429's Retry-After (an hour, if asked) where stop()
+        # cannot end it, reported it as a stalled connection, and made one timeout_s four. The watches back off
+        # and honour Retry-After themselves (within 30 s), and find() is retried by the driver's poller.
+        cfg.retries = self.sdk["urllib3"].Retry(total=0, redirect=0, respect_retry_after_header=False)
         self._server = cfg.host
         api = client.ApiClient(cfg)
         api.rest_client.pool_manager = BoundedErrors(api.rest_client.pool_manager, self.timeout_s)
@@ -270,6 +279,8 @@ class KubernetesPods(CloudGroupProvider):
 
     def _discover(self) -> DiscoveredHosts:
         if self._api is None:
+            if self._throttled is not None and time.monotonic() < self._throttled[0]:
+                raise self._throttled[1]  # the server asked for a wait: not asked again before it ends
             self._first_sync()
         else:
             self._watch()
@@ -348,6 +359,13 @@ class KubernetesPods(CloudGroupProvider):
                                        f"(401 Unauthorized): {message}")
         if status in (400, 422):
             return FatalDiscoveryError(f"{self.label}: the API server refused the {what} query: {message}")
+        asked = retry_after(exc)
+        if asked is not None:  # the client's urllib3 no longer sleeps it (retries=0, see _connect): we wait here
+            error = RetryableDiscoveryError(f"{self.label}: listing {what}: HTTP {status} {message} (throttled: the "
+                                            f"API server asks to retry after {asked[0]:g} s; asked again in "
+                                            f"{asked[1]:g} s)")
+            self._throttled = (time.monotonic() + asked[1], error)
+            return error
         if status is not None:
             return error_for_status(status, f"{self.label}: listing {what}: HTTP {status} {message}")
         translated = self._translate(exc, self.sdk)
@@ -366,9 +384,10 @@ class KubernetesPods(CloudGroupProvider):
                 if watch.what == "nodes" and trouble is None:
                     self._nodes_warned = None
                 continue
-            if watch.what == "pods":
-                raise RetryableDiscoveryError(f"{self.label}: the pods watch has been down for "
-                                              f"{now - trouble[0]:.0f} s: {trouble[1]}")
+            if watch.what == "pods":  # a message the same at every call of an outage: one line, not one a call
+                since = time.strftime("%H:%M:%S UTC", time.gmtime(trouble[0]))
+                raise RetryableDiscoveryError(f"{self.label}: the pods watch has been down for over "
+                                              f"{self.stale_after_s:g} s, since {since}: {trouble[1]}")
             if self._nodes_warned != trouble[0]:
                 self._nodes_warned = trouble[0]
                 _log.warning("%s: the nodes watch has been down for %.0f s (%s); node signals (taints, cordons) "

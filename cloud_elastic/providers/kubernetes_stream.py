@@ -2,16 +2,22 @@
 pieces and lines, one error for anything that is not a watch event, a deadline on the wall clock
 (:class:`_Watchdog`), and a connection shut or closed so that it is never reused mid-stream. And
 :class:`BoundedErrors`, which reads at most :data:`MAX_ERROR_BODY` of an error answer's body, where the client
-would read all of it."""
+would read all of it. And :func:`retry_after`: the wait a throttled answer (429, 503) asks for, which the
+client's urllib3 no longer sleeps (the provider asks for no retries: it slept inside, out of ``stop()``'s reach, for
+as long as the server said, and reported the wait as a stalled connection)."""
 
 from __future__ import annotations
 
 import json
+import math
 import socket
 import threading
 from typing import Any, Iterator
 
-__all__ = ["MAX_LINE", "MAX_ERROR_BODY", "NotAnEvent", "BoundedErrors"]
+__all__ = ["MAX_LINE", "MAX_ERROR_BODY", "MAX_RETRY_AFTER_S", "NotAnEvent", "BoundedErrors", "retry_after"]
+
+#: The longest wait a ``Retry-After`` gets: a server that asks for an hour is asked again within this.
+MAX_RETRY_AFTER_S = 30.0
 
 #: The types of a watch event (``watch.EventType`` of the API machinery).
 _EVENT_TYPES = frozenset({"ADDED", "MODIFIED", "DELETED", "BOOKMARK", "ERROR"})
@@ -152,10 +158,25 @@ def _lines(resp: Any) -> Iterator[bytes]:
         yield bytes(buffer)
 
 
+def retry_after(exc: BaseException) -> tuple[float, float] | None:
+    """(the seconds a 429 or 503 answer's ``Retry-After`` asks for, the wait it gets: at most
+    :data:`MAX_RETRY_AFTER_S`); None for any other error or a header that is not a number of seconds (the API
+    server sends seconds)."""
+    if getattr(exc, "status", None) not in (429, 503):
+        return None
+    try:
+        asked = float((getattr(exc, "headers", None) or {}).get("Retry-After"))
+    except (AttributeError, TypeError, ValueError):
+        return None
+    return (asked, min(max(asked, 0.0), MAX_RETRY_AFTER_S)) if math.isfinite(asked) else None
+
+
 def _describe(exc: BaseException) -> str:
     status = getattr(exc, "status", None)
     if status:
-        return f"HTTP {status} {getattr(exc, 'reason', '') or ''}".strip()
+        wait = retry_after(exc)
+        throttled = f" (Retry-After {wait[0]:g} s)" if wait is not None else ""
+        return f"HTTP {status} {getattr(exc, 'reason', '') or ''}".strip() + throttled
     text = " ".join(str(exc).split())
     return f"{type(exc).__name__}: {text}"[:200] if text else type(exc).__name__
 

@@ -45,7 +45,9 @@ list to the view, then watches from the list's ``resourceVersion``:
   :meth:`ResourceWatch.trouble` says so once that is past :func:`silence_s`
   (never with the defaults: the back-off stays under 40 s);
 * anything else (a connection cut or refused, a 5xx, a 429) is retried from
-  the kept version after a back-off of 0.5 s doubling to 30 s, with jitter.
+  the kept version after a back-off of 0.5 s doubling to 30 s, with jitter, or,
+  for a 429 or 503 with ``Retry-After``, after what it asks if longer (at most
+  30 s: :func:`~.kubernetes_stream.retry_after`).
   :meth:`ResourceWatch.trouble` says why, and since when the view may be
   stale: the failure, or the last line (event or bookmark) or response from
   the server when the stream had been silent past ``silence_s`` before it
@@ -91,7 +93,7 @@ from typing import Any, Callable, Mapping
 
 from cloud_elastic.providers.api import MAX_HOSTS
 from cloud_elastic.providers.kubernetes_stream import (MAX_LINE, NotAnEvent, _close, _describe, _lines,  # noqa: F401
-                                                      _parse, _shut, _Watchdog)
+                                                      _parse, _shut, _Watchdog, retry_after)
 from cloud_elastic.providers.kubernetes_view import Fields, MalformedObject, shown
 
 __all__ = ["ResourceWatch", "Gone", "ListTooLarge", "ListTooSlow", "NotAnEvent", "WatchOverdue", "PAGE_SIZE",
@@ -401,7 +403,8 @@ class ResourceWatch:
                     self._trouble = (self._trouble[0] if self._trouble else self._down_since(self._resuming), reason)
                     _log.debug("%s watch still down: %s", self.what, reason)
                 self._resuming = None
-                self._stop.wait(delay * (0.75 + 0.5 * self._rng.random()))
+                asked = retry_after(exc)  # a throttled answer: not again before it says (within bounds)
+                self._stop.wait(max(delay * (0.75 + 0.5 * self._rng.random()), asked[1] if asked else 0.0))
                 delay = min(_BACKOFF_MAX_S, delay * 2)
 
     def _gone(self) -> bool:

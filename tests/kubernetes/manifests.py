@@ -80,14 +80,14 @@ class Spec:
 OVERLAYS = {
     "eks-karpenter": Spec("eks-karpenter", ("karpenter.sh/capacity-type", "spot"),
                           ("karpenter.sh/capacity-type", "spot", "NoSchedule"), True,
-                          "123456789012.dkr.ecr.us-east-1.amazonaws.com/cloud-elastic:latest", 60,
+                          "123456789012.dkr.ecr.us-east-1.amazonaws.com/cloud-elastic:v1", 60,
                           {"karpenter.sh/capacity-type": "on-demand"}, checkpoints=True),
     "gke-spot": Spec("gke-spot", ("cloud.google.com/gke-spot", "true"),
                      ("cloud.google.com/gke-spot", "true", "NoSchedule"), True,
-                     "us-docker.pkg.dev/my-project/cloud-elastic/cloud-elastic:latest", 60, {}, checkpoints=True),
+                     "us-docker.pkg.dev/my-project/cloud-elastic/cloud-elastic:v1", 60, {}, checkpoints=True),
     "aks-spot": Spec("aks-spot", ("kubernetes.azure.com/scalesetpriority", "spot"),
                      ("kubernetes.azure.com/scalesetpriority", "spot", "NoSchedule"), True,
-                     "myregistry.azurecr.io/cloud-elastic:latest", 60, {}, checkpoints=True),
+                     "myregistry.azurecr.io/cloud-elastic:v1", 60, {}, checkpoints=True),
     "kind": Spec("kind", None, None, False, "cloud-elastic:dev", 30, {}),
 }
 
