@@ -306,7 +306,8 @@ class KubernetesPods(CloudGroupProvider):
         pods = ResourceWatch(
             "pods", lambda **kw: core.list_namespaced_pod(self.namespace, **kw), replace=self._view.replace_pods,
             apply=self._view.apply_pod, lock=self._lock, on_news=self._news, selector=self.selector,
-            timeout_s=self.timeout_s, watch_s=self.watch_s, narrow="narrow --k8s-selector")
+            timeout_s=self.timeout_s, watch_s=self.watch_s, narrow="narrow --k8s-selector",
+            read=lambda objs: self._view.read("pod", objs))
         try:
             pods.sync()
         except Exception as exc:
@@ -315,7 +316,7 @@ class KubernetesPods(CloudGroupProvider):
         nodes = ResourceWatch(
             "nodes", core.list_node, replace=self._view.replace_nodes, apply=self._view.apply_node,
             lock=self._lock, on_news=self._news, selector=self.node_selector, timeout_s=self.timeout_s,
-            watch_s=self.watch_s, narrow="-o node_selector=LABELS watches only the nodes it selects, e.g. the "
+            read=lambda objs: self._view.read("node", objs), watch_s=self.watch_s, narrow="-o node_selector=LABELS watches only the nodes it selects, e.g. the "
             "workers' node pool" if not self.node_selector else "narrow -o node_selector")
         try:
             nodes.sync()

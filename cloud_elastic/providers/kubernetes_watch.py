@@ -73,6 +73,8 @@ pages (:class:`ListTooLarge`), each page at most :data:`MAX_PAGE` bytes
 being read at that deadline is shut, so a body that trickles in (a byte a
 second resets any read timeout) ends there too. An API server (or something
 posing as one) that never ends a list costs one error, not the driver's memory.
+Each page is read into the view's records as it comes (``read``), so a list
+holds one page's JSON at a time, not the whole cluster's.
 A page of the wrong shape (not JSON, its ``items`` not a list) is a
 :class:`~cloud_elastic.providers.kubernetes_view.MalformedObject` naming the
 field; one malformed object in it is the view's to leave out.
@@ -189,7 +191,9 @@ class ResourceWatch:
     bound (``CoreV1Api.list_namespaced_pod`` with the namespace); it is always
     called with ``_preload_content=False``. ``replace(items)`` and
     ``apply(kind, obj)`` feed the view under ``lock`` and return whether the
-    snapshot may have changed. :meth:`sync` runs on the caller's thread and
+    snapshot may have changed; ``read(objs)``, under ``lock`` too, reads each
+    page of a list as it comes (the view's small records, not the page's JSON,
+    are what ``replace`` then gets). :meth:`sync` runs on the caller's thread and
     raises the client's errors as they are; :meth:`start` runs the watch on a
     daemon thread until :meth:`stop`.
     """
@@ -197,12 +201,14 @@ class ResourceWatch:
     def __init__(self, what: str, call: Callable[..., Any], *, replace: Callable[[list], bool],
                  apply: Callable[[str, Mapping[str, Any]], bool], lock: threading.Lock,
                  on_news: Callable[[], None], selector: str | None = None, timeout_s: float = 10.0,
-                 watch_s: float = 30.0, rng: random.Random | None = None, narrow: str | None = None) -> None:
+                 watch_s: float = 30.0, rng: random.Random | None = None, narrow: str | None = None,
+                 read: Callable[[list], list] = list) -> None:
         self.what = what
         #: What a list past MAX_ITEMS tells the user to do: the option that narrows it.
         self._narrow = narrow or f"narrow the {what} selector"
         self._call = call
         self._replace = replace
+        self._read = read
         self._apply = apply
         self._lock = lock
         self._on_news = on_news
@@ -241,7 +247,7 @@ class ResourceWatch:
 
         Bounded (see the module docstring): ListTooLarge, ListTooSlow; the client's errors as they are.
         """
-        items: list[dict] = []
+        items = self._read([])  # the type read() gives (a ClusterView.read's ReadList)
         token: str | None = None
         version = ""
         deadline = time.monotonic() + LIST_TIMEOUTS * self._timeout_s
@@ -252,7 +258,7 @@ class ResourceWatch:
                 raise self._too_slow(pages)
             resp = self._call(limit=PAGE_SIZE, _preload_content=False, _request_timeout=min(self._timeout_s, left),
                               **self._selection(), **extra)
-            fields, meta = self._read_page(self._page(resp, deadline, pages), items)
+            fields, meta = self._read_page(self._page(resp, deadline, pages), items)  # the page's JSON ends here
             if len(items) > MAX_ITEMS:
                 raise ListTooLarge(f"listing {self.what}: more than {MAX_ITEMS} objects, the most one list keeps "
                                    f"({self._narrow})")
@@ -264,15 +270,17 @@ class ResourceWatch:
                            "server keeps sending a continue token")
 
     def _read_page(self, body: bytes, items: list) -> tuple[Fields, Mapping[str, Any]]:
-        """A page's items added to ``items`` (each read by the view: one that is malformed is left out there);
-        the page's fields and its metadata. MalformedObject, naming the field, for a page of the wrong shape."""
+        """A page's items read (``read``, under the lock: the view's records, one that is malformed left out
+        there) and added to ``items``; the page's fields and its metadata. MalformedObject, naming the field, for a page of the wrong shape."""
         context = f"listing {self.what}: "
         try:
             page = json.loads(body)
         except ValueError as exc:
             raise MalformedObject(f"{context}a page that is not JSON ({shown(body, 60)}: {exc})") from None
         fields = Fields("page", page, context)
-        items.extend(fields.get(page, "", "items", list, []))
+        objs = fields.get(page, "", "items", list, [])
+        with self._lock:
+            items.extend(self._read(objs))
         return fields, fields.get(page, "", "metadata", Mapping, {})
 
     def _too_slow(self, pages: int) -> ListTooSlow:
