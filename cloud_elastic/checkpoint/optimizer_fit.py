@@ -45,9 +45,10 @@ group's flag (Adam's ``amsgrad``) rightly changes which state the step reads. Wh
 with the parameters it is loaded for (:func:`check_state`, review s63 rvX F3): torch's ``load_state_dict`` checks
 neither shapes nor dtypes, so a state of another shape loaded and the first step failed at every resume, and it casts
 every state tensor to its parameter's dtype (a bool state becomes float64, 8 times its bytes). A state that does not
-fit is refused as another optimizer's is (a clear stop naming it), not skipped for an older checkpoint: the store
-that picks the checkpoint does not know the script's parameters, and a script that gives its optimizer the
-parameters in another order fails the same way with every checkpoint it wrote.
+fit is refused as another optimizer's is (a mismatch), not as an unusable checkpoint: the store that picks the
+checkpoint does not know the script's parameters, and a script that gives its optimizer the parameters in another
+order fails the same way with every checkpoint it wrote, which ends the job naming the newest. Only when an older
+checkpoint fits does the load pass over the newer one (``worker.durable.failure.Misfits``: altered since written).
 """
 
 from __future__ import annotations

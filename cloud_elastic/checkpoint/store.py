@@ -358,8 +358,9 @@ class CheckpointStore:
             raise CheckpointError(f"could not list checkpoints in {self.url}: {_one_line(exc)}") from exc
         return [(n, f"{self.backend.url(n)} is a symbolic link, never followed: move the folder back") for n in names]
 
-    def latest(self) -> Checkpoint | None:
-        """The newest checkpoint whose manifest parses and whose data matches its digest and loads.
+    def latest(self, before: str | None = None) -> Checkpoint | None:
+        """The newest checkpoint whose manifest parses and whose data matches its digest and loads (with
+        ``before``: the newest older than the checkpoint of that name, one its caller found not to fit).
 
         A torn or corrupt newer checkpoint is skipped with a one-line WARNING
         and the previous one is tried. None when there is no usable
@@ -367,7 +368,7 @@ class CheckpointStore:
         (network, permissions): falling back over a readable-but-unreachable
         checkpoint would silently lose progress.
         """
-        for name in reversed(self._names()):
+        for name in reversed([n for n in self._names() if before is None or n < before]):
             try:
                 return self.load(self._manifest(name))
             except FileNotFoundError:

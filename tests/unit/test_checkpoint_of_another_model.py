@@ -79,3 +79,28 @@ def test_the_first_mismatch_is_named_bounded_with_how_many_more() -> None:
 
     with pytest.raises(CheckpointMismatch, match=r"\(attributes missing: step; unexpected: model\)"):
         load_state_payload(_State(step=0), payload)
+
+
+def test_a_newest_checkpoint_that_does_not_fit_while_the_one_before_does_is_passed_over(tmp_path, caplog) -> None:
+    """The newest state.pt replaced by another model's, its digest fixed (as whoever writes the storage can, or a
+    second job writing another model into the directory): the job resumes from the checkpoint before it, which fits,
+    and says which it passed over and why. Before: it stopped ("resume with the same model, or use a fresh
+    --checkpoint-dir"), and a fresh directory would have started the training over."""
+    import logging
+
+    from tests.unit.test_checkpoint_loaded_views import _rewrite
+
+    url = str(tmp_path / "ckpt")
+    _record(url)
+    _trained(url)
+    older, newest = sorted(p for p in (tmp_path / "ckpt").iterdir() if p.name.startswith("ckpt-"))
+    _rewrite(newest, {"model": torch.nn.Linear(8, 1).state_dict(), "step": 2})
+    at_1 = torch.load(older / "state.pt", weights_only=True)["model"]
+    resumed, ctx = _State(model=torch.nn.Linear(4, 1), step=0), _ctx()
+    with caplog.at_level(logging.WARNING, logger="cloud_elastic"):
+        elastic._load_checkpoint(ctx, _schedule(url, ctx), resumed)
+    assert resumed.step == 1 and torch.equal(resumed.model.weight, at_1["weight"])
+    assert [(event, fields["step"]) for event, fields in ctx.reports] == [("loaded", 1)]
+    [warned] = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert f"the checkpoint in {url} (commit #2) does not fit this training state (model: size mismatch for weight" \
+           in warned and "but the one of step 1 before it does: resuming from it" in warned, warned

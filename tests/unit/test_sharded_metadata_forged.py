@@ -22,6 +22,7 @@ import torch
 
 from cloud_elastic.checkpoint import dcp, dcp_layout
 from cloud_elastic.checkpoint.dcp_layout import MAX_DIMS, MAX_NAME, MAX_NAME_PARTS, Region, Tensor, check_layout
+from cloud_elastic.worker.durable.failure import CheckpointFailed
 from tests.unit.test_sharded_checkpoint import _checkpoints, _ctx, _state, _train, _values
 from tests.unit.test_sharded_checkpoint_hostile import _two_checkpoints
 
@@ -321,3 +322,40 @@ def test_looking_an_item_up_in_the_live_state_takes_the_same_work_whatever_the_l
             assert dcp.unexpected_items(tensors, {"optimizer": "model"}, metadata) == [f"{prefix}1.bias{tail}"]
         lines[parts] = meter.lines
     assert lines[100_000] == lines[1_000], lines
+
+
+def _item_renamed(name: str, new: str):
+    """The item ``name`` and its storage entry renamed ``new``: an item with bytes of its own in a shard file, which
+    no check of the layout can tell from another model's (fixQ left it: the job stopped, "does not fit")."""
+    def tamper(md):
+        md["items"][new] = md["items"].pop(name)
+        _entry(md, name)["fqn"] = new
+    return tamper
+
+
+@pytest.mark.parametrize("forged", [[4], [2, 4]], ids=["the newest", "every one"])
+def test_a_checkpoint_that_does_not_fit_while_an_older_one_does_is_passed_over(tmp_path, caplog, forged):
+    """Forged in the newest only: the job resumes from the one before, which fits, saying which it passed over and
+    why (before: it stopped with "resume with the same model, or use a fresh --checkpoint-dir", whose fresh start
+    would have trained from initial weights). Forged in every one (as a changed model is): the stop is as before,
+    naming the newest."""
+    at_2, newest, _ = _two_checkpoints(tmp_path)
+    folders = sorted(p for p in (tmp_path / "ckpt").iterdir() if p.name.startswith("ckpt-"))
+    for folder in folders[-len(forged):]:
+        _forge(folder, _item_renamed("optimizer.param_groups.0.maximize", "model.extra"))
+    other = _state(seed=9)
+    _train(other, 1)
+    if forged == [2, 4]:
+        with pytest.raises(CheckpointFailed) as stopped:
+            _checkpoints(tmp_path, _ctx()).load_latest(other)
+        assert stopped.value.failure == "mismatch" and str(stopped.value).startswith(
+            f"the checkpoint in {tmp_path / 'ckpt'} (commit #4) does not fit this training state (Unexpected key in "
+            "checkpoint: model.extra): resume with the same model"), str(stopped.value)
+        return
+    with caplog.at_level(logging.WARNING, logger="cloud_elastic"):
+        assert _checkpoints(tmp_path, _ctx()).load_latest(other).step == 2
+    assert all(torch.equal(a, b) for a, b in zip(_values(other), at_2))
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1 and "\n" not in warnings[0], warnings
+    assert f"the checkpoint in {tmp_path / 'ckpt'} (commit #4) does not fit this training state (Unexpected key in " \
+           "checkpoint: model.extra), but the one of step 2 before it does: resuming from it" in warnings[0], warnings

@@ -23,13 +23,17 @@ driver says so at once, and ends the job when no checkpoint at all can be writte
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Any
 
+from cloud_elastic.checkpoint.safety import causes
 from cloud_elastic.errors import CheckpointError
 
-__all__ = ["CheckedStore", "CheckpointFailed", "SeesJob", "check_sees_job", "mismatch", "report",
-           "report_not_written"]
+__all__ = ["CheckedStore", "CheckpointFailed", "Misfits", "SeesJob", "check_sees_job", "mismatch", "reason_of",
+           "report", "report_not_written"]
+
+log = logging.getLogger(__name__)
 
 
 #: The longest the training thread waits for the job record (a few hundred bytes): a load, a sharded write.
@@ -52,6 +56,39 @@ def mismatch(exc: Any, url: str, commit: int) -> CheckpointFailed:
     remedy = getattr(exc, "remedy", "resume with the same model")
     return CheckpointFailed("mismatch", f"the checkpoint in {url} (commit #{commit}) does not fit this training "
                                         f"state ({exc.first}): {remedy}, or use a fresh --checkpoint-dir")
+
+
+class Misfits:
+    """The newest of the checkpoints in ``url`` that a load found not to fit the state (a CheckpointMismatch) while
+    it tries the older ones. When every one is another model's, the model changed: :meth:`failure` ends the job as
+    :func:`mismatch` says, nothing lost. When an older one fits, the newer was changed after it was written (a forged
+    item with bytes of its own looks exactly like another model's), or written by another model: the older one is
+    loaded with a warning (:meth:`passed_over`) rather than the job stopped with a remedy (a fresh
+    --checkpoint-dir) that would start the training over."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.first: tuple[Any, int] | None = None  # (the CheckpointMismatch, its commit)
+
+    def add(self, exc: Any, commit: int) -> None:
+        self.first = self.first or (exc, commit)
+
+    def passed_over(self, worker: str, step: int) -> None:
+        """Log, if a newer checkpoint did not fit, that this worker loads the one of ``step`` instead."""
+        if self.first is not None:
+            log.warning("worker %s: the checkpoint in %s (commit #%d) does not fit this training state (%s), but the "
+                        "one of step %d before it does: resuming from it (the newer one was changed after it was "
+                        "written, or written by another model; newer checkpoints will replace it)", worker,
+                        self.url, self.first[1], self.first[0].first, step)
+
+    def failure(self) -> CheckpointFailed:
+        assert self.first is not None
+        return mismatch(self.first[0], self.url, self.first[1])
+
+
+def reason_of(exc: BaseException, kind: type) -> str | None:
+    """The message of the first ``kind`` among ``exc``, its causes and torch DCP's per-worker failures."""
+    return next((str(c) for c in causes(exc, None) if isinstance(c, kind)), None)
 
 
 def check_sees_job(store: Any, url: str, job_id: str, host: str) -> None:

@@ -54,7 +54,7 @@ from cloud_elastic.checkpoint.api import CheckpointError, CheckpointInfo, Checkp
 from cloud_elastic.checkpoint.store import CheckpointStore, checked_step
 from cloud_elastic.checkpoint.writer import CheckpointWriter, PeriodicCheckpointer
 from cloud_elastic.worker.commit.fingerprint import fingerprint
-from cloud_elastic.worker.durable.failure import (CheckedStore, CheckpointFailed, SeesJob, mismatch, report,
+from cloud_elastic.worker.durable.failure import (CheckedStore, CheckpointFailed, Misfits, SeesJob, report,
                                                   report_not_written)
 
 __all__ = ["DurableSettings", "RankZeroCheckpoints", "log_leaving_write", "step_of", "wait_for_storage"]
@@ -222,26 +222,34 @@ class RankZeroCheckpoints:
         """Load the newest usable checkpoint into ``state`` (and make it the state's last commit).
 
         Raises CheckpointError when there is none, the storage cannot be read,
-        or the checkpoint does not fit the state; ``state`` then holds its last
-        commit, never a half-loaded mix.
+        or no checkpoint fits the state (one that does not fit while an older one
+        does is passed over with a warning: ``failure.Misfits``); ``state`` then
+        holds its last commit, never a half-loaded mix.
         """
         from cloud_elastic.checkpoint.payload import load_state_payload
 
         began = time.perf_counter()
         self._check_store.within()  # bounded: the other ranks wait for this load in the round's broadcast
-        latest = self.store.latest()
-        if latest is None:
-            raise CheckpointError(f"no usable checkpoint in {self.settings.url}")
-        if latest.info.shards is not None:
-            raise CheckpointError(f"the newest checkpoint in {self.settings.url} (step {latest.info.step}) holds the "
-                                  "shards of a model trained with hvd.shard: load it with the same hvd.shard call")
-        # The job's history of commits goes on from the checkpoint's (older checkpoints: from its step).
-        seq = latest.info.extra.get("commit_seq", latest.info.step)
-        seq = seq if isinstance(seq, int) and not isinstance(seq, bool) else latest.info.step
-        try:
-            load_state_payload(state, latest.payload)
-        except CheckpointMismatch as exc:  # another model: nothing is lost, and the job says so
-            raise mismatch(exc, self.settings.url, seq) from exc
+        misfits, latest = Misfits(self.settings.url), self.store.latest()
+        while True:
+            if latest is None or misfits.first is not None and latest.info.shards is not None:
+                if misfits.first is not None:  # another model's, every one: nothing is lost, and the job says so
+                    raise misfits.failure() from misfits.first[0]
+                raise CheckpointError(f"no usable checkpoint in {self.settings.url}")
+            if latest.info.shards is not None:
+                raise CheckpointError(f"the newest checkpoint in {self.settings.url} (step {latest.info.step}) holds "
+                                      "the shards of a model trained with hvd.shard: load it with the same hvd.shard "
+                                      "call")
+            # The job's history of commits goes on from the checkpoint's (older checkpoints: from its step).
+            seq = latest.info.extra.get("commit_seq", latest.info.step)
+            seq = seq if isinstance(seq, int) and not isinstance(seq, bool) else latest.info.step
+            try:
+                load_state_payload(state, latest.payload)
+                break
+            except CheckpointMismatch as exc:  # nothing loaded; an older checkpoint may fit (``Misfits``)
+                misfits.add(exc, seq)
+                latest = self.store.latest(before=latest.info.name)
+        misfits.passed_over(self._ctx.worker_id, latest.info.step)
         self._ctx.ledger.hold_commit(seq)
         log.info("worker %s: loaded checkpoint of step %d from %s in %.2fs", self._ctx.worker_id, latest.info.step,
                  latest.info.url, time.perf_counter() - began)

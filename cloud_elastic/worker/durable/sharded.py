@@ -36,20 +36,18 @@ A reader that finds the manifest finds every shard.
   stop for it, and the other hosts wait for them at the next gradient averaging. A failed
   write is logged as a WARNING and reported to the driver (local rank 0: ``not_written``),
   and training goes on, as for replicas.
-* **Loading.** In a round the driver formed ``from_checkpoint``, the workers of host 0
-  load the newest usable checkpoint: local rank 0 picks it and tells the others, each
-  loads its shards with DCP (which reshards: a checkpoint written by 2 workers a host
-  loads into 1 or 4), and the round's state sync gives them to the other hosts. Each
-  file is checked against its manifest's digest before a byte of it is read; a
-  checkpoint with a bad file (any worker's) or a bad ``state.pt`` is skipped for the
-  previous one by every worker of the host together. No usable checkpoint is a
-  :class:`CheckpointError`: the worker exits rather than train from initial weights, as it does when the shards
-  do not fit (another model: a ``mismatch`` failure naming the item, the job's line as a replicated one's: an
-  item the state has no place for, a layer removed, or an optimizer of another class, which the manifest names,
-  found before DCP reads). An optimizer reads the state its checkpoint holds, whatever its own state
-  (``dcp.load_target``): a parameter without any there (no gradient yet) starts without. A host-mate lost
-  during the load (the driver aborts the round) is a ``CollectiveError``: the host leaves, its state counted
-  as holding no commit, and another host may load it.
+* **Loading.** In a round the driver formed ``from_checkpoint``, the workers of host 0 load the newest usable
+  checkpoint: local rank 0 picks it and tells the others, each loads its shards with DCP (which reshards: written
+  by 2 workers a host, loaded into 1 or 4), and the round's state sync gives them to the other hosts. Each file is
+  checked against its manifest's digest before a byte of it is read; a checkpoint with a bad file (any worker's)
+  or a bad ``state.pt`` is skipped for the previous one by every worker of the host together, and so is one that
+  does not fit while an older one does (``failure.Misfits``). No usable checkpoint is a :class:`CheckpointError`:
+  the worker exits rather than train from initial weights, as it does when none fits (another model: a
+  ``mismatch`` failure naming the item, as a replicated one's: an item the state has no place for, a layer removed,
+  or an optimizer of another class, which the manifest names, found before DCP reads). An optimizer reads the
+  state its checkpoint holds (``dcp.load_target``): a parameter without any there (no gradient yet) starts
+  without. A host-mate lost during the load (the driver aborts the round) is a ``CollectiveError``: the host
+  leaves, its state counted as holding no commit, and another host may load it.
 * **Storage.** Before host 0 first writes or loads, local rank 0 reads the driver's job record in the
   store (``durable.failure``): storage this host sees apart from the driver's ends the job in one line.
 * **What is in it.** The sharded models and their optimizers (those over DTensor
@@ -86,7 +84,8 @@ from cloud_elastic.checkpoint.safety import causes, one_line, storage_reason
 from cloud_elastic.checkpoint.store import CheckpointStore
 from cloud_elastic.worker.comm import statecodec
 from cloud_elastic.worker.commit.fingerprint import fingerprint
-from cloud_elastic.worker.durable.failure import CheckpointFailed, SeesJob, mismatch, report, report_not_written
+from cloud_elastic.worker.durable.failure import (CheckpointFailed, Misfits, SeesJob, reason_of, report,
+                                                  report_not_written)
 from cloud_elastic.worker.durable.parts import model_of, same_payload, set_parts, sharded_parts
 from cloud_elastic.worker.durable.rank_zero import log_leaving_write, wait_for_storage
 from cloud_elastic.worker.durable.staging import stage as _stage
@@ -328,10 +327,11 @@ class ShardedCheckpoints:
         """Load the newest usable sharded checkpoint into ``state`` on every worker of this host (a collective over
         the host's group); make it the state's last commit.
 
-        A checkpoint whose ``state.pt`` or any shard file differs from its manifest is skipped for the previous
-        one, on every worker of the host alike. CheckpointError when none is usable or the storage cannot be read;
-        CheckpointFailed (``mismatch``) when the checkpoint does not fit this state; CollectiveError when a worker of this host was lost meanwhile (the
-        driver aborted the round): this host leaves, and another may load it."""
+        A checkpoint whose ``state.pt`` or any shard file differs from its manifest, or that does not fit this
+        state while an older one does, is skipped for the previous one, on every worker of the host alike.
+        CheckpointError when none is usable or the storage cannot be read; CheckpointFailed (``mismatch``) when none
+        fits; CollectiveError when a worker of this host was lost meanwhile (the driver aborted the round): this
+        host leaves, and another may load it."""
         try:
             return self._load_latest(state)
         except (RuntimeError, _DCP_ERROR) as exc:  # one of the host's collectives around DCP's load
@@ -343,6 +343,7 @@ class ShardedCheckpoints:
         ctx, info = self._ctx, self._ctx.info
         began = time.perf_counter()
         candidates = _decided_by_local_rank_0(info, self._sharded_candidates, ctx.device)
+        misfits = Misfits(self.settings.url)
         for chosen in candidates:
             seq = chosen.extra.get("commit_seq", chosen.step)
             seq = seq if isinstance(seq, int) and not isinstance(seq, bool) else chosen.step
@@ -353,8 +354,11 @@ class ShardedCheckpoints:
                 log.warning("worker %s: checkpoint %s is unusable (%s); falling back to the previous one",
                             ctx.worker_id, chosen.url, exc)
                 continue
-            except CheckpointMismatch as exc:  # another model (its shards or its other values): nothing is lost
-                raise mismatch(exc, self.settings.url, seq) from exc
+            except CheckpointMismatch as exc:  # another model's (all of them then), or one altered since written
+                state.restore()  # its shards may be loaded already
+                misfits.add(exc, seq)
+                continue
+            misfits.passed_over(ctx.worker_id, chosen.step)
             ctx.ledger.hold_commit(seq)
             ctx.loaded_commit = seq  # held by a load, which fits any FSDP-unit layout: no say in the job's layout
             log.info("worker %s: loaded its shards of the checkpoint of step %d (written by %s workers a host) from "
@@ -364,6 +368,8 @@ class ShardedCheckpoints:
                 ctx.report_checkpoint("loaded", step=chosen.step, path=chosen.url, commit_seq=seq,
                                       trained=fingerprint(state))  # the driver's repeat guards measure it
             return chosen
+        if misfits.first is not None:  # another model's, every one: nothing is lost, and the job says so
+            raise misfits.failure() from misfits.first[0]
         raise CheckpointError(f"no usable checkpoint in {self.settings.url}: its {len(candidates)} sharded "
                               "checkpoint(s) are unusable")
 
@@ -397,7 +403,7 @@ class ShardedCheckpoints:
             raise
         except (Exception, _DCP_ERROR) as exc:
             state.restore()
-            corrupt, unreadable = _reason_of(exc, ShardCorrupt), _reason_of(exc, CheckpointError)
+            corrupt, unreadable = reason_of(exc, ShardCorrupt), reason_of(exc, CheckpointError)
             if corrupt is not None:  # DCP hands every worker every worker's failure: all of them fall back
                 raise _Fallback(corrupt) from exc
             if unreadable is not None:
@@ -446,14 +452,6 @@ def _optimizers(state: Any, tensors: dict[str, Any], chosen: CheckpointInfo, met
 
 class _Fallback(Exception):
     """This checkpoint is unusable on every worker of the host: try the previous one."""
-
-
-def _reason_of(exc: BaseException, kind: type) -> str | None:
-    """The message of the first ``kind`` among ``exc``, its causes and torch DCP's per-worker failures."""
-    for candidate in causes(exc, None):
-        if isinstance(candidate, kind):
-            return str(candidate)
-    return None
 
 
 def _holdable(payload: Any) -> None:
