@@ -75,7 +75,8 @@ def cli(ctx: click.Context) -> None:
                    "again on every slot, up to N times (default 0; its own checkpoint resumes it)")
 @click.option("--elastic-timeout", type=float, metavar="SECONDS",
               help="how long to wait below --min-np before failing (default $CLOUD_ELASTIC_ELASTIC_TIMEOUT, else "
-                   "$HOROVOD_ELASTIC_TIMEOUT, else 600)")
+                   "$HOROVOD_ELASTIC_TIMEOUT, else 600); host discovery failing alone never ends a job at --min-np "
+                   "or more: it trains on with its current hosts")
 @click.option("--start-timeout", type=float, default=600.0, metavar="SECONDS",
               help="how long to wait for -np slots and for workers to start; once the job runs, also for a "
                    "joining worker's set-up before its first hvd.rank()/size()/elastic.run (default 600)")
