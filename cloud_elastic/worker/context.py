@@ -109,6 +109,9 @@ class WorkerContext(NextGroupMixin, DriverLinkMixin, RoundGroupsMixin, ExitingMi
         #: The round's follow window (``commit.follow.Window``), and the last round whose window ended unequal.
         self.following: Any = None
         self.follow_ended_round: int | None = None
+        #: The size of this worker's round before the current one (0 before its second): whether the current one
+        #: grew, or took a spare in a lost or leaving member's place (``commit.follow``).
+        self.previous_size = 0
         self._group: RoundGroup | None = None
         #: Sharded training: the host's own process group, formed by ``hvd.shard`` (see ``sharded``).
         self.host_group: Any = None

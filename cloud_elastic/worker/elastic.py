@@ -9,7 +9,8 @@
           returned                 -> tell the driver, return its result
           CollectiveError          -> restore the last commit   (a peer failed)
           HostsUpdatedInterrupt    -> keep the state just committed (graceful change)
-          FollowerActivated        -> a follow window ended (commit.follow): same round, reset, no rendezvous
+          FollowerActivated        -> a follow window ended (commit.follow): same round, state.reset()
+                                      (samplers re-shard), no callbacks, no rendezvous
         rendezvous into the next round (or leave, if the driver says so)
         sync state from rank 0 if the driver says this round needs it
           (in a round formed from_checkpoint, rank 0 first loads the latest durable checkpoint;
@@ -167,8 +168,10 @@ def _run(func: Callable[..., Any], state: State, *args: Any, **kwargs: Any) -> A
         except FollowerActivated as exc:
             # A follow window ended at this commit, on every member (``commit.follow``): the same round goes on,
             # every sampler re-shards over every member, and only a follower that did not match syncs first.
+            # ``reset()`` only, not the reset callbacks: they ran once for this admission, at the switch, as
+            # with the whole sync (a Horovod script counts one reset per membership change).
             sync = exc.sync
-            state.on_reset()
+            state.reset()
             continue
         except HostsUpdatedInterrupt:
             sync = _rejoin(ctx, "update", state)

@@ -247,6 +247,10 @@ class CommitLedger:
 
     def note_rollback(self) -> None:
         """The state was just restored to the last commit: the steps since then are lost (told to the driver)."""
+        if self.following:  # its "commit" is not the job's: say why it cannot restore that (``commit.follow``)
+            log.warning("worker %s: cannot restore the last commit: a peer failed while this worker was still "
+                        "receiving it (follow mode); the next round takes the state from a worker that holds it",
+                        self.worker_id)
         self.rolled_back, self.steps_since_commit = self.steps_since_commit, 0
         self._live_seq = self.commit_seq
         self._in_a_row = False

@@ -203,12 +203,12 @@ class WorkerSettings:
     backend: str = ""
     #: ``CLOUD_ELASTIC_ZERO_COPY_COMMIT=0`` turns zero-copy SGD commits off (see ``zerocopy``).
     zero_copy_commit: bool = True
-    #: ``CLOUD_ELASTIC_FOLLOW=1`` turns follow-mode admission on (off by default for now: it changes what a
-    #: Horovod script sees at an admission, see ``commit.follow``; off, every newcomer gets the whole state in the
-    #: sync); ``CLOUD_ELASTIC_FOLLOW_MB``: the bytes of the committed state
+    #: ``CLOUD_ELASTIC_FOLLOW=0`` turns follow-mode admission off (on by default where ``commit.follow.decide``
+    #: allows it; off, every newcomer gets the whole state in the sync before it trains: what a script sees
+    #: differs in a window, see docs/porting.md); ``CLOUD_ELASTIC_FOLLOW_MB``: the bytes of the committed state
     #: sent to a follower at each commit (MB, 10^6 bytes); ``CLOUD_ELASTIC_FOLLOW_WINDOW_S``: a window that would
     #: last longer moves several commits' pieces at a commit, and all the rest once it has lasted this long.
-    follow: bool = False
+    follow: bool = True
     follow_bytes: int = 4_000_000
     follow_window_s: float = 30.0
     #: ``CLOUD_ELASTIC_COMMIT_MODE``: ``auto`` (updates run in place, keeping nothing, once the loop is
@@ -342,7 +342,7 @@ class WorkerSettings:
             group_form_timeout_s=number("CLOUD_ELASTIC_GROUP_FORM_TIMEOUT_S", "60", float),
             backend=env.get("CLOUD_ELASTIC_BACKEND", "").strip().lower(),
             zero_copy_commit=flag("CLOUD_ELASTIC_ZERO_COPY_COMMIT"),
-            follow=flag("CLOUD_ELASTIC_FOLLOW", "0"),
+            follow=flag("CLOUD_ELASTIC_FOLLOW"),
             follow_bytes=max(1, int(number("CLOUD_ELASTIC_FOLLOW_MB", "4", float) * 1e6)),
             follow_window_s=max(0.0, number("CLOUD_ELASTIC_FOLLOW_WINDOW_S", "30", float)),
             commit_mode=env.get("CLOUD_ELASTIC_COMMIT_MODE", "auto").strip().lower(),

@@ -28,7 +28,8 @@ def jobs():
 
 @pytest.fixture
 def full_sync(monkeypatch):
-    """Admissions by today's whole state sync: a newcomer holds the state at its first entry. For the tests of that
-    sync and of what relies on it; follow-mode admission (``worker/commit/follow.py``), where a newcomer holds it a
-    few commits later, has its own (``test_follow_admission.py``)."""
+    """Admissions by the whole state sync (``CLOUD_ELASTIC_FOLLOW=0``): a newcomer holds the state at its first entry.
+    For the tests of that sync itself (its transfer from peers, kills inside it); follow-mode admission (the default,
+    ``worker/commit/follow.py``), where a newcomer holds it a few commits later, has its own
+    (``test_follow_admission.py``, ``test_follow_safety.py``)."""
     monkeypatch.setenv("CLOUD_ELASTIC_FOLLOW", "0")

@@ -14,6 +14,7 @@ import faulthandler
 import gc
 import hashlib
 import json
+import logging
 import os
 import re
 import signal
@@ -26,6 +27,12 @@ import torch.nn.functional as F
 import cloud_elastic.torch as hvd
 from cloud_elastic.worker.comm import followers
 from cloud_elastic.worker.context import get_context
+
+# Follow-mode admission's INFO lines (who follows from which commit, or why not; when the window ends): tests
+# read them to know how a newcomer was admitted. Only the CLI configures the library's handlers.
+_FOLLOW_LOG = logging.getLogger("cloud_elastic.worker.commit.follow")
+_FOLLOW_LOG.setLevel(logging.INFO)
+_FOLLOW_LOG.addHandler(logging.StreamHandler())
 
 
 def cycled_tensor_bytes() -> int:
@@ -82,7 +89,8 @@ def main() -> None:
                    help="the training thread runs forever in C code that never releases the GIL (--only-slot): "
                         "no other thread of the worker, its heartbeats included, runs again")
     p.add_argument("--stop-when", default="",
-                   help="keep training past --steps/--min-resets until this file exists (rank 0 looks, after a commit)")
+                   help="keep training past --steps/--min-resets until this file exists (rank 0 looks, after a commit; "
+                        "with --sampler, at the end of each epoch past --epochs)")
     p.add_argument("--entry-events", action="store_true",
                    help="an 'entered' event at each entry into the training function (after the state sync): "
                         "the round, the step and a checksum of the parameters")
@@ -165,10 +173,15 @@ def main() -> None:
             return True
         return bool(args.stop_when) and not hvd.broadcast_object(os.path.exists(args.stop_when), root_rank=0)
 
+    entered = {"round": None}
+
     @hvd.elastic.run
     def train(state: hvd.elastic.TorchState) -> None:
-        # Entered once per round, after the state sync, so every rank counts alike.
-        state.resets += 1
+        # A new round is entered after the state sync, so every rank counts alike. The end of a follow window
+        # enters again in the same round (``commit.follow``): not a membership change, not counted.
+        if get_context().info.round != entered["round"]:
+            entered["round"] = get_context().info.round
+            state.resets += 1
         if args.entry_events:
             event("entered", rank=hvd.rank(), size=hvd.size(), round=get_context().info.round, step=state.step,
                   checksum=checksum(model), **({"cycled": cycled_tensor_bytes()} if args.count_cycles else {}))
@@ -202,7 +215,8 @@ def main() -> None:
                 state.commit()
                 event("commit", rank=hvd.rank(), size=hvd.size(), step=state.step)
             if state.epoch + 1 >= args.epochs and state.resets >= args.min_resets and (trained or not args.min_resets):
-                return
+                if not args.stop_when or hvd.broadcast_object(os.path.exists(args.stop_when), root_rank=0):
+                    return
             state.epoch += 1
 
     train(state)

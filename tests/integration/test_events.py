@@ -91,7 +91,6 @@ def test_a_killed_worker_is_recorded_as_failure_rollback_and_smaller_round(jobs,
     assert "training completed on 2 worker(s)" in finished["reason"]
 
 
-@pytest.mark.usefixtures("full_sync")  # its resets: the end of a follow window is one more (commit.follow)
 def test_scale_up_and_scale_in_by_discovery_are_recorded_as_hosts_changed_and_new_rounds(jobs, tmp_path):
     """A host added by discovery is admitted without a rollback, as the youngest worker; a host removed
     from discovery leaves at a commit after the missing-host grace, and the others go on without a

@@ -7,7 +7,8 @@ function again with the same parameters, optimizer state and BatchNorm buffers (
 a metric averaged in the loop during the window is the running workers' average, the follower's value left out;
 a holder or the follower killed during the window costs what any failure costs (the survivors go back to their
 commits, nothing starts from initial weights) and the job finishes with one state; an optimizer nobody can follow
-is admitted with today's full sync.
+is admitted with today's full sync; a Horovod-style script (reset callbacks, an ElasticSampler) sees one reset per
+admission, as with the full sync, and trains every sample once.
 """
 
 from __future__ import annotations
@@ -16,18 +17,19 @@ import os
 import re
 import signal
 import sys
+from collections import Counter
 
 import pytest
 
-from tests.integration.harness import REPO, HostsFile, worker_on
+from tests.integration.harness import REPO, HostsFile, probe_cmd, worker_on
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
 FOLLOW_PROBE = REPO / "tests" / "integration" / "follow_probe.py"
 _WINDOW = re.compile(r"rank\(s\) \[2\] follow from commit (\d+): (\d+) piece\(s\) over (\d+) commit\(s\)")
 THREE = ["127.0.0.1", "127.0.0.2", "127.0.0.3"]
-#: Follow mode on (it is off by default), 400 bytes a commit: the probe's model (about 2 kB of state with SGD
-#: momentum) needs a window of several commits.
+#: Follow mode on (the default, said for a run with it off in the environment), 400 bytes a commit: the probe's
+#: model (about 2 kB of state with SGD momentum) needs a window of several commits.
 SMALL_PIECES = {"CLOUD_ELASTIC_FOLLOW": "1", "CLOUD_ELASTIC_FOLLOW_MB": "0.0004"}
 
 
@@ -110,6 +112,9 @@ def test_a_worker_killed_during_the_window_costs_a_failure_and_no_state(jobs, tm
     # (the same checksum as theirs at the end), and the job's steps went on from where they were.
     assert all(e["step"] >= before + 5 for e in done), done
     assert not any("training state lost" in line for line in job.lines), job.output()
+    if victim != "127.0.0.3":  # the follower survived: it says why its own state is not the commit
+        assert any("a peer failed while this worker was still receiving it (follow mode)" in line
+                   for line in job.lines), job.output()
 
 
 def test_an_optimizer_nobody_can_follow_is_admitted_with_the_full_sync(jobs, tmp_path):
@@ -119,3 +124,32 @@ def test_an_optimizer_nobody_can_follow_is_admitted_with_the_full_sync(jobs, tmp
     assert any("no follow mode: optimizer MySGD not followed" in line for line in job.lines), job.output()
     assert entered[0]["step"] == min(e["step"] for e in job.of("entered", size=3))  # equal at its first entry
     _finish_alike(job, stop, 3)
+
+
+def test_a_horovod_style_script_sees_one_reset_per_admission(jobs, tmp_path):
+    """probe.py is in the shape of Horovod's examples: a reset callback, an ElasticSampler in the TorchState,
+    ``set_epoch`` and ``record_batch``. The newcomer follows; the end of the window re-shards the sampler and enters
+    the training function again, without the reset callbacks: each worker that was there sees one reset, at the
+    admission, with ``hvd.size()`` 3, and the newcomer none, as with the full sync; every sample of every epoch is
+    trained once (a follower's batches are not trained)."""
+    n, hosts, stop = 48, HostsFile(tmp_path, THREE[:2]), tmp_path / "stop"
+    job = jobs(["run", "-np", "2", "--min-np", "2", "--max-np", "3", "--host-discovery-script", str(hosts.script),
+                "--discovery-interval", "0.2",
+                *probe_cmd("--sampler", str(n), "--epochs", "2", "--stop-when", str(stop))], env=SMALL_PIECES)
+    job.wait_event("commit", rank=0, step=3, timeout=60)
+    hosts.set(THREE)
+    job.wait_for(lambda j: any("follow no more" in line for line in j.lines), 60, "the end of the follow window")
+    job.wait_for(lambda j: len([e for e in j.of("batch", size=3) if not e["following"]]) >= 9, 60,
+                 "three steps at size 3 after the window")
+    stop.touch()
+    assert job.finish(timeout=60) == 0, job.output()
+    window = [m for m in map(_WINDOW.search, job.lines) if m]
+    assert window and int(window[0].group(3)) > 1, job.output()  # it followed, over several commits
+    resets = sorted((e["worker"].split("[")[0], e["size"]) for e in job.of("reset"))
+    assert resets == [("127.0.0.1", 3), ("127.0.0.2", 3)], job.of("reset")  # none on the newcomer (127.0.0.3)
+    trained = [e for e in job.of("batch") if not e["following"]]
+    for epoch in sorted({e["epoch"] for e in trained}):
+        seen = Counter(i for e in trained if e["epoch"] == epoch for i in e["indices"])
+        assert set(seen) == set(range(n)) and max(seen.values()) == 1, (epoch, seen, job.output())
+    done = job.of("done")
+    assert len(done) == 3 and len({e["checksum"] for e in done}) == 1, done

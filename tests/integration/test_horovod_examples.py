@@ -65,7 +65,6 @@ def assert_trained_on(job: Job, reset_callbacks: bool = True) -> None:
     assert last < first, (first, last)
 
 
-@pytest.mark.usefixtures("full_sync")  # its resets [1, 2]: the end of a follow window is one more
 def test_synthetic_benchmark_with_fp16_allreduce_survives_a_kill_and_admits_a_newcomer(jobs, tmp_path):
     job = kill_then_grow(jobs, tmp_path, "synthetic_benchmark_elastic.py", "--fp16-allreduce", "--num-iters", "40")
     assert_trained_on(job)
@@ -73,7 +72,6 @@ def test_synthetic_benchmark_with_fp16_allreduce_survives_a_kill_and_admits_a_ne
     assert any("Total img/sec on 2 CPU(s)" in line for line in job.lines), job.output()
 
 
-@pytest.mark.usefixtures("full_sync")  # its resets [1, 2]: the end of a follow window is one more
 def test_mnist_survives_a_kill_and_admits_a_newcomer_then_tests(jobs, tmp_path):
     job = kill_then_grow(jobs, tmp_path, "mnist_elastic.py", "--epochs", "8")
     assert_trained_on(job)

@@ -15,7 +15,7 @@ from tests.integration.events_check import of, read_events
 from tests.integration.harness import HostsFile, probe_cmd
 from tests.integration.test_spares import entered
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(90), pytest.mark.usefixtures("full_sync")]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
 
 def test_a_host_dropped_before_the_first_commit_hands_its_state_to_the_replacement_instead_of_starting_over(

@@ -17,7 +17,7 @@ import pytest
 from tests.integration.events_check import of, read_events
 from tests.integration.harness import HostsFile, probe_cmd
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(90), pytest.mark.usefixtures("full_sync")]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
 OLD = ["127.0.0.1", "127.0.0.2"]
 NEWCOMER = "127.0.0.3"

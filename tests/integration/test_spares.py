@@ -34,7 +34,7 @@ from tests.integration.events_check import of, read_events
 from tests.integration.harness import REPO, HostsFile, probe_cmd, worker_on
 from tests.integration.test_status import runtime_dir, status  # noqa: F401 (runtime_dir is a fixture)
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(180), pytest.mark.usefixtures("full_sync")]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 FIVE = [f"127.0.0.{i}" for i in range(1, 6)]
 _READY = re.compile(r"(\d+) of (\d+) spare\(s\) ready: (.+)$")
@@ -84,8 +84,10 @@ def test_a_killed_worker_is_replaced_by_the_waiting_spare_holding_the_survivors_
     survivors = [e for e in after if e["worker"] != spare]
     assert len(after) == 3 and {e["size"] for e in after} == {3}, after
     assert spare in {e["worker"] for e in after} and victim["worker"] not in {e["worker"] for e in after}
-    # The spare holds the survivors' committed state: the same parameters at the same step.
+    # The spare holds the survivors' committed state: the same parameters at the same step. (Follow-mode admission,
+    # on by default, does not apply to a spare that takes a member's place: it gets the whole state in the sync.)
     assert len({(e["step"], e["checksum"]) for e in after}) == 1, after
+    assert any("no follow mode: a receiver takes a lost or leaving member's place" in line for line in job.lines)
     assert all(e["cycled"] == 0 for e in after), after  # the restore and the heal left no tensor to the cyclic gc
     resets = job.of("reset", round=2)
     assert len(resets) == 2 and all(r["executed"] - r["step"] <= 1 for r in resets), resets  # at most 1 step again
@@ -126,6 +128,7 @@ def test_a_spot_notice_is_replaced_by_the_spare_at_a_commit_with_no_step_repeate
         fakes[host_of(leaving["worker"])].set_spot_action("terminate", time.time() + 120)
         after = entered(job, 2, 3)
         assert spare in {e["worker"] for e in after} and len({(e["step"], e["checksum"]) for e in after}) == 1
+        assert any("no follow mode: a receiver takes a lost or leaving member's place" in line for line in job.lines)
         stop.touch()
         assert job.finish(timeout=90) == 0, job.output()
     resets = job.of("reset")

@@ -18,7 +18,7 @@ from tests.integration.events_check import of, read_events
 from tests.integration.harness import HostsFile, probe_cmd
 from tests.integration.test_spares import entered, host_of, spares_ready
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(120), pytest.mark.usefixtures("full_sync")]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 HOSTS = [f"127.0.0.{i}" for i in range(1, 4)]
 

@@ -1,5 +1,6 @@
-"""The follow window's plan (``worker/commit/follow.py:plan``) and a follower's share of a reduction
-(``worker/comm/followers.py:identity_fill``): pure functions of shapes and ops."""
+"""The follow window's plan (``worker/commit/follow.py:plan``), a follower's share of a reduction
+(``worker/comm/followers.py:identity_fill``): pure functions of shapes and ops; and rank 0's rule that a spare taking
+a member's place gets the whole sync (``follow._refusal``)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import torch
 
 from cloud_elastic.worker.comm import followers
 from cloud_elastic.worker.comm.ops import Average, Max, Min, Product, Sum
-from cloud_elastic.worker.commit.follow import _tensor, plan
+from cloud_elastic.worker.commit.follow import _refusal, _tensor, plan
 from cloud_elastic.worker.commit.handlers import ModelHandler, OptimizerHandler
 
 
@@ -69,3 +70,23 @@ def test_a_followers_share_of_a_reduction_changes_nothing(op, dtype, others, exp
     reduced = {Sum: values.sum(0), Average: values.sum(0), Product: values.prod(0), Min: values.min(0).values,
                Max: values.max(0).values}[op]
     assert reduced.tolist() == [expected] * 3
+
+
+def _rank0(size: int, previous_size: int):
+    """Rank 0 of a round of ``size`` on one host each, its round before of ``previous_size``; follow mode on."""
+    info = SimpleNamespace(size=size, rank=0, round=2, from_checkpoint=False)
+    ledger = SimpleNamespace(sync_hosts=list(range(size)))
+    return SimpleNamespace(info=info, ledger=ledger, settings=SimpleNamespace(follow=True), backend="gloo",
+                           device=torch.device("cpu"), following=None, previous_size=previous_size, worker_id="w")
+
+
+@pytest.mark.parametrize("size, previous, receivers, takes_a_place", [
+    (3, 2, [2], False),  # a newcomer grows the job: it may follow
+    (4, 2, [2, 3], False),  # two newcomers, two more members
+    (3, 3, [2], True),  # a spare in a lost (or leaving) member's place: the round is no larger
+    (4, 3, [2, 3], True),  # one newcomer and one spare in a lost member's place
+])
+def test_a_receiver_that_takes_a_members_place_gets_the_whole_sync(size, previous, receivers, takes_a_place):
+    why = _refusal(_rank0(size, previous), SimpleNamespace(_handlers={}), receivers, 5, receivers)
+    assert ("takes a lost or leaving member's place" in why) == takes_a_place, why
+    assert takes_a_place or why == "no model and optimizer"  # past the rule, to the state's own checks

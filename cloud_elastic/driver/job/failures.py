@@ -350,6 +350,8 @@ class Failures:
         # The workers report only that they cannot (holds_commit); each one's log line says why.
         return ("no survivor could restore the last commit exactly (each one logged why: a peer failed in a "
                 "collective between an in-place optimizer update and the next commit, or before the update of the "
-                "step in which a parameter was first changed in place outside the optimizer; "
-                "CLOUD_ELASTIC_COMMIT_MODE=snapshot keeps every commit whole from the start), and without "
+                "step in which a parameter was first changed in place outside the optimizer, which "
+                "CLOUD_ELASTIC_COMMIT_MODE=snapshot avoids by keeping every commit whole from the start; or the "
+                "survivor was a newcomer still receiving the commit in a follow window, which "
+                "CLOUD_ELASTIC_FOLLOW=0 avoids by giving newcomers the whole state before they train), and without "
                 "--checkpoint-dir nothing can bring it back")

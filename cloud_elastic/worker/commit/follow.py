@@ -43,9 +43,14 @@ round as *followers*:
   (BatchNorm statistics: each worker's own, as in a sync), and one allgather
   compares every member's digests and state fingerprint. Equal: the follower
   commits again, holds that commit and the whole round raises
-  :class:`FollowerActivated`, which ``elastic.run`` answers with a reset (the
-  samplers re-shard over every member) and no sync. Unequal: the same, with
-  today's full sync first.
+  :class:`FollowerActivated`, which ``elastic.run`` answers with ``state.reset()``
+  (the samplers re-shard over every member) and no sync, then enters the
+  training function again. Unequal: the same, with today's full sync first.
+  The reset callbacks do not run there: a script sees one reset per admission
+  (at the switch, on the workers that were there; none on the newcomer), as
+  with the whole sync. What it sees otherwise during the window (``hvd.size()``
+  counts the follower, gradients average over the active members): see
+  docs/porting.md.
 
 A follower holds no commit during the window (``ledger.following``), so a
 failure of anyone in it ends the round as any failure does: the survivors go
@@ -57,8 +62,10 @@ the commit on two hosts at least, no window of the round before cut short, Gloo 
 optimizers are all ``DistributedOptimizer`` over ``SGD``, ``Adam``,
 ``AdamW``, ``Adagrad`` or ``RMSprop``, one backward pass per step, every
 parameter of its models updated by one of them, no SyncBatchNorm or GradScaler,
-the newcomers (workers that never held a commit) in the highest ranks, and a state that has trained (commit 1 on).
-``CLOUD_ELASTIC_FOLLOW=0`` turns it off.
+the newcomers (workers that never held a commit) in the highest ranks and each one growing the round (a spare
+that takes a lost or leaving member's place gets the whole state in the sync, so that the size it keeps trains
+from the switch: the promise of ``--spares``), and a state that has trained (commit 1 on).
+On by default; ``CLOUD_ELASTIC_FOLLOW=0`` turns it off (every admission by the whole sync).
 """
 
 from __future__ import annotations
@@ -89,8 +96,9 @@ SUPPORTED = (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW, torch.optim.A
 
 class FollowerActivated(HostsUpdatedInterrupt):
     """Raised by ``commit()`` on every member at once when a follow window ends: the state was just committed,
-    nothing rolls back; ``elastic.run`` resets (samplers re-shard over every member) and, when ``sync``, first
-    gives the follower the whole state as before (its state did not match the holders')."""
+    nothing rolls back; ``elastic.run`` calls ``state.reset()`` (samplers re-shard over every member; not the
+    reset callbacks, which ran at the switch) and, when ``sync``, first gives the follower the whole state as
+    before (its state did not match the holders'), then enters the training function again."""
 
     def __init__(self, sync: bool) -> None:
         super().__init__(skip_sync=not sync)
@@ -249,6 +257,8 @@ def _refusal(ctx: Any, state: Any, receivers: list[int], root_seq: int | None, f
         return exposed
     if fresh is None or not set(receivers) <= set(fresh):
         return "a receiver held a commit of its own (a survivor of a failure)"
+    if len(receivers) > info.size - getattr(ctx, "previous_size", 0):
+        return "a receiver takes a lost or leaving member's place (a spare): the size it keeps trains from the switch"
     handlers = list(state._handlers.values())
     if any(getattr(h, "sharded", False) for h in handlers):
         return "sharded state"

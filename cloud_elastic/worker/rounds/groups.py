@@ -227,6 +227,7 @@ class RoundGroupsMixin:
             group = self._formed(info, store, lambda publish: self._new_group(store, info, publish), "process group",
                                  confirm=not getattr(self, "elastic_entered", True))
         old, self._group = self._group, group
+        self.previous_size = 0 if self.info is None else self.info.size
         self.info = info
         self.flight.new_round(info.round)
         self._round_steps0 = self.progress.steps  # its first step may compile: see link.pauses
