@@ -11,6 +11,7 @@ line, not in a ``MemoryError`` or the OOM killer.
 from __future__ import annotations
 
 import math
+import mmap
 from typing import Any
 
 import torch
@@ -109,13 +110,32 @@ def _checked_slots(skeleton: Any, name: str) -> list[tuple[list[int], torch.dtyp
     return [found[i] for i in range(len(found))]
 
 
-def allocate(skeleton: Any, name: str, limit: int) -> list[torch.Tensor]:
+def allocate(skeleton: Any, name: str, limit: int, zeroed: bool = False) -> list[torch.Tensor]:
     """Empty CPU tensors for each slot of ``skeleton`` (a peer's), in index order, once it is checked:
     StateSyncError, in one line naming the state and the sizes, if it is malformed or its tensors would
-    take more than ``limit`` bytes (see :func:`state_limit`). Nothing is allocated before the check."""
+    take more than ``limit`` bytes (see :func:`state_limit`). Nothing is allocated before the check.
+    ``zeroed``: zeros instead, without touching their pages now (:func:`zeros`)."""
     slots = _checked_slots(skeleton, name)
     total = sum(math.prod(shape) * dtype.itemsize for shape, dtype in slots)  # Python ints: no overflow
     if total > limit:
         raise StateSyncError(f"{name}: rank 0's skeleton announces {len(slots)} tensor(s) of {total} bytes, more "
                              f"than the {limit} bytes this worker allows for it: corrupt or forged")
-    return [torch.empty(shape, dtype=dtype) for shape, dtype in slots]
+    return [zeros(shape, dtype) if zeroed else torch.empty(shape, dtype=dtype) for shape, dtype in slots]
+
+
+#: A zeroed tensor of at least this many bytes is made by :func:`zeros` in an anonymous mapping.
+MAPPED_BYTES = 1 << 20
+
+
+def zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A CPU tensor of zeros whose pages are not touched now: from :data:`MAPPED_BYTES` on, an anonymous mapping,
+    whose pages the OS gives zeroed as they are first written (``torch.zeros`` writes every page at once: 0.4-1 s
+    a GB, which a follower paid while the running workers waited for its first piece, bench41); smaller, or where
+    no mapping can be had (``vm.max_map_count``), ``torch.zeros``."""
+    nbytes = math.prod(shape) * dtype.itemsize
+    if nbytes >= MAPPED_BYTES:
+        try:
+            return torch.frombuffer(mmap.mmap(-1, nbytes), dtype=dtype).view(shape)
+        except (OSError, ValueError, TypeError, RuntimeError):
+            pass
+    return torch.zeros(shape, dtype=dtype)

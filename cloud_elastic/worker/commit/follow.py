@@ -31,8 +31,9 @@ round as *followers*:
 * the follower applies every step's averaged gradients with the optimizer's own
   ``step()`` to the parameters whose first piece has arrived (the others have
   no gradient during its update, ``followers.received_only``, and keep the
-  script's own values; a parameter's state is zeroed before its first piece,
-  so what it updates is finite). The supported optimizers update each
+  script's own values; its optimizer state starts as zeros whose pages are
+  written only as the pieces arrive, ``comm.skeleton.zeros``, so what it
+  updates is finite). The supported optimizers update each
   element from that element's parameter, gradient and state and the
   parameter's one-element ``step`` (sent with the parameter's first piece),
   so an element received stays equal to the holders' from then on, and an
@@ -128,9 +129,6 @@ class Window:
     bytes: int = 0
     #: Per parameter (by ``id``): the boundary of its first piece. A follower updates it from then on only.
     first: dict[int, int] = field(default_factory=dict)
-    #: Per boundary: the optimizer-state tensors a follower zeroes before it receives that boundary (those of
-    #: the parameters whose first piece comes then), so that what it updates holds finite values.
-    fresh: dict[int, list[tuple[Any, ...]]] = field(default_factory=dict)
     #: When this member opened the window (``time.monotonic``); rank 0's bounds the window (``follow_window_s``).
     opened: float = 0.0
     #: Rank 0 said that the window moves more than one commit's pieces a commit (see :func:`_pace`).
@@ -209,22 +207,20 @@ def plan(state: Any, budget: int) -> list[list[Slice]]:
 
 
 def _index(state: Any, window: Window) -> None:
-    """A follower's ``window.first`` and ``window.fresh``, from the window's plan (again after :func:`_merge`)."""
+    """A follower's ``window.first``, from the window's plan (again after :func:`_merge`)."""
     first_of: dict[tuple[Any, ...], int] = {}
     for b, pieces in enumerate(window.plan):
         for piece in pieces:
             for ref in piece.refs:
                 if ref[0] != "m":
                     first_of.setdefault(ref[1:4], b)
-    window.first, window.fresh = {}, {}
+    window.first = {}
     for index, opt in _optimizers(state):
         for g, group in enumerate(opt.param_groups):
             for i, p in enumerate(group["params"]):
                 b = first_of.get((index, g, i))
                 if b is not None:
                     window.first[id(p)] = b
-                    window.fresh.setdefault(b, []).extend(("s", index, g, i, key) for key, v in
-                                                          opt.state.get(p, {}).items() if isinstance(v, torch.Tensor))
 
 
 def _views(state: Any, pieces: list[Slice]) -> list[torch.Tensor]:
@@ -323,14 +319,13 @@ def decide(ctx: Any, state: Any, receivers: list[int], root_seq: int | None, fre
 
 def start(ctx: Any, state: Any, followers: list[int], skeletons: list[Any], seq: int | None) -> None:
     """Every member, in the admitting sync once the small parts came: open the window. A follower builds its
-    optimizers' state from rank 0's skeletons (empty tensors: memory is touched as the pieces arrive)."""
+    optimizers' state from rank 0's skeletons (zeros whose memory is touched as the pieces arrive)."""
     info = ctx.info
     if info.rank in followers:
         for (_, opt), shape in zip(_optimizers(state), skeletons):
-            tensors = allocate(shape, "optimizer state", state_limit(opt))  # empty: pages touched as pieces come
-            for t in tensors:
-                if t.numel() == 1:
-                    t.zero_()  # a step count: a garbage one fails the update (Adam's beta ** step overflows)
+            # Zeros whose pages are touched as the pieces come (skeleton.zeros): what it updates before a
+            # parameter's state arrives is finite (garbage made its loss NaN), at no cost while the others wait.
+            tensors = allocate(shape, "optimizer state", state_limit(opt), zeroed=True)
             opt.load_state_dict(_join_tensors(shape, tensors))
     window = Window(info.round, list(followers), info.size, seq, plan(state, ctx.settings.follow_bytes),
                     opened=time.monotonic())
@@ -417,9 +412,6 @@ def at_commit(ctx: Any, state: Any) -> None:
                 pace = _pace(ctx, window)
                 if pace > 1:
                     _merge(ctx, state, window, pace)
-            if follower:  # the parameters it updates from now on: their state finite (zeros) until it arrives
-                for ref in window.fresh.get(window.boundary, ()):
-                    _tensor(state, ref).zero_()
             heal = Heal(window.followers, window.size, window.seq)
             heal.tensors(_views(state, window.plan[window.boundary]), "the commit, following")
             window.boundary += 1
