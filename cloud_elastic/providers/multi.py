@@ -53,7 +53,7 @@ from typing import Callable, Mapping, Sequence
 
 from cloud_elastic.errors import (CapacityDeniedError, CapacityError, DiscoveryError, FatalDiscoveryError,
                                   RetryableDiscoveryError)
-from cloud_elastic.providers.api import DiscoveredHosts, HostDiscovery, cancel_find
+from cloud_elastic.providers.api import DiscoveredHosts, HostDiscovery, cancel_find, lets_go
 from cloud_elastic.providers.group_capacity import REASK_UNKNOWN_S, REFUSALS_TO_SPILL, SHORT_FOR_S, GroupCapacity, Room
 from cloud_elastic.providers.sidecalls import Caller, SideCalls
 from cloud_elastic.providers.sources import SourceSpec
@@ -458,7 +458,7 @@ class MultiSourceDiscovery(HostDiscovery):
     # ----------------------------------------------------------- the others
     def release(self, host: str, instance: str | None) -> None:
         owner = self._owner(host)
-        if owner is not None and owner.discovery.releases(host):  # a script's or a -H list's: nothing to let go
+        if owner is not None and lets_go(owner.discovery, host):  # a script's or a -H list's: nothing to let go
             with owner.calls.start(lambda: not owner.caller.busy) as started:
                 if started:
                     owner.discovery.release(host, instance)
@@ -467,7 +467,7 @@ class MultiSourceDiscovery(HostDiscovery):
 
     def releases(self, host: str) -> bool:
         owner = self._owner(host)
-        return owner is not None and owner.discovery.releases(host)
+        return owner is not None and lets_go(owner.discovery, host)
 
     def _release_held(self, source: SourceState) -> None:
         while source.releases:

@@ -98,6 +98,6 @@ def test_sigint_to_driver_stops_every_worker(jobs):
     assert job.finish(timeout=30) == 130, job.output()
     assert processes_of_job(job_id) == []
     # No --checkpoint-dir: the line says the trained state is gone (review s63 rvU finding 8: it said only this much).
-    assert job.lines[-1].endswith("interrupted: interrupted by SIGINT; no --checkpoint-dir: no checkpoint was written, "
-                                  "so the state the workers trained in memory is lost unless the script saved its "
-                                  "own"), job.lines[-1]
+    assert job.lines[-1].endswith("interrupted: interrupted by SIGINT; no --checkpoint-dir: cloud-elastic wrote no "
+                                  "checkpoint, so the state the workers trained in memory is lost unless the script "
+                                  "saved its own"), job.lines[-1]

@@ -314,3 +314,44 @@ def test_an_exit_is_told_only_once_the_output_is_read_to_its_end(tmp_path, monke
     finally:
         stalled.set()
         launcher.close()
+
+
+@pytest.mark.parametrize("how", ["forked", "started from scratch"])
+def test_an_exit_is_told_at_once_though_a_child_the_worker_left_holds_its_output_open(tmp_path, monkeypatch, request,
+                                                                                        how):
+    """Review rvL: a worker killed with SIGKILL (or the OOM killer, a native crash) whose DataLoader workers or helper
+    process still held its stdout had its exit told only when the pipe's wait bound ran out: 2 s, during which the
+    survivors waited in a collective that the child's inherited socket kept open (recovery 0.1 s -> 2.1 s). Only
+    output still to forward holds an exit back, not a pipe someone else keeps open. The bound is raised here so that
+    waiting for the pipe's end would fail the test rather than pass after it."""
+    from cloud_elastic.driver.launch import local
+
+    monkeypatch.setattr(local, "DRAIN_WAIT_S", 600.0)
+    if how == "forked":
+        request.getfixturevalue("parent_of_servers")
+    else:
+        monkeypatch.setenv("CLOUD_ELASTIC_LOCAL_FORKSERVER", "0")
+    (tmp_path / "train.py").write_text(
+        "import subprocess, sys, time\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])  # inherits stdout\n"
+        "print('ready', child.pid, flush=True)\ntime.sleep(600)\n")
+    lines: list[str] = []
+    launcher = LocalLauncher()
+    child = None
+    try:
+        spec = WorkerSpec(worker_id="w1", host="127.0.0.1", slot=0, env={}, secret="s", cwd=str(tmp_path),
+                          command=("python", "train.py"))
+        proc = launcher.launch(spec, lines.append)
+        child = int(_wait(lambda: next((x.split()[1] for x in lines if x.startswith("ready")), None), 60,
+                          "the worker's child"))
+        os.kill(proc.pid, signal.SIGKILL)  # the worker alone: its child lives on, holding the pipe
+        status = _wait(proc.poll, 30, "the exit while the child holds the output")
+        assert status.code == -signal.SIGKILL and _state(child) not in ("", "Z"), (status, _state(child))
+        assert lines[0].startswith("ready"), lines
+    finally:
+        if child is not None:
+            try:
+                os.kill(child, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        launcher.close()

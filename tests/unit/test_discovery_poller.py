@@ -323,3 +323,27 @@ def test_an_address_map_says_released_only_over_a_source_that_releases(inner_cla
         assert (said, inner.released) == (["released drained host 127.0.1.5 (i-5) to the cloud"], [("10.0.1.5", "i-5")])
     else:
         assert said == []
+
+
+class OlderPlugin(Holding):
+    """A plugin written before ``HostDiscovery.releases``, with an attribute of its own by that name."""
+
+    def __init__(self, host: str) -> None:
+        super().__init__(host)
+        self.releases = ["its own bookkeeping"]  # type: ignore[assignment, method-assign]
+
+
+@pytest.mark.parametrize("alone", [True, False])
+def test_a_plugin_with_its_own_releases_attribute_is_still_released(alone, caplog) -> None:
+    """Review rvL: alone, its release ran but was logged as "could not release ... 'list' object is not callable";
+    among several sources it was never called, and the instance waited out its cloud's own timeout."""
+    plugin = OlderPlugin("10.0.0.7")
+    discovery = plugin if alone else MultiSourceDiscovery([(SourceSpec("script", "script"), Listing("10.0.0.5")),
+                                                           (SourceSpec("mine", "plugin"), plugin)])
+    said = _released_said(DiscoveryPoller(discovery, lambda result: None, interval_s=3600), [("10.0.0.7", "i-7")],
+                          caplog)
+    assert plugin.released == [("10.0.0.7", "i-7")]
+    assert said == ["released drained host 10.0.0.7 (i-7) to the cloud"]
+    assert not [r for r in caplog.records if "could not release" in r.getMessage()]
+    if not alone:
+        discovery.close()

@@ -114,8 +114,8 @@ def test_a_second_signal_stops_at_once() -> None:
                                          "checkpoint is of step 10, the last commit 9:")
 
 
-LOST = ("; no --checkpoint-dir: no checkpoint was written, so the state the workers trained in memory is lost unless "
-        "the script saved its own")
+LOST = ("; no --checkpoint-dir: cloud-elastic wrote no checkpoint, so the state the workers trained in memory is lost "
+        "unless the script saved its own")
 
 
 def test_without_a_checkpoint_dir_a_signal_ends_the_job_at_once_saying_the_trained_state_is_lost() -> None:

@@ -279,8 +279,8 @@ class GracefulStop:
             return self.no_commit.stop_note()
         if job.round <= 0 and not job.state_committed:
             return ""
-        return ("; no --checkpoint-dir: no checkpoint was written, so the state the workers trained in memory is "
-                "lost unless the script saved its own")
+        return ("; no --checkpoint-dir: cloud-elastic wrote no checkpoint, so the state the workers trained in "
+                "memory is lost unless the script saved its own")
 
     def now_instead(self, reason: str, exit_code: int) -> None:
         """A second signal: end the job at once (the workers are stopped), saying what the next run redoes."""

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import errno
+import fcntl
 import logging
 import math
 import os
 import re
 import signal
+import struct
 import subprocess
 import sys
+import termios
 import threading
 import time
 from dataclasses import dataclass
@@ -38,13 +41,13 @@ _BREAK = re.compile(rb"\r\n|\r|\n")
 #: A progress bar redrawn in place (lines ended by a bare \r) is forwarded at most once per this many seconds.
 REDRAW_EVERY_S = 5.0
 #: How long after a worker's exit was first seen its output may still be read before the exit is told anyway
-#: (:class:`OutputEnd`): the pipe ends at once unless a child the worker left holds it open, or the driver's own
-#: stdout is blocked (a pager, a stalled terminal) and so its reader is behind.
+#: (:class:`OutputEnd`): only output still to forward holds it (under a slow reader of the driver's own stdout: a
+#: pager, a stalled terminal), not a pipe a child the worker left keeps open.
 DRAIN_WAIT_S = 2.0
 
 
 def forward_lines(stream, on_output: OutputSink, *, on_first_data: Callable[[], None] | None = None,
-                  clock: Callable[[], float] = time.monotonic) -> None:
+                  clock: Callable[[], float] = time.monotonic, idle: threading.Event | None = None) -> None:
     """Read ``stream`` into ``on_output``, a line per call, until EOF (runs on its own thread).
 
     A line ends at ``\n`` or at a bare ``\r`` (a progress bar redrawing itself, as tqdm does without
@@ -52,12 +55,20 @@ def forward_lines(stream, on_output: OutputSink, *, on_first_data: Callable[[], 
     the latest one held back goes before the next ``\n``-ended line and at EOF, so the bar's last state is
     never lost while a bar redrawn ten times a second costs the driver's output a line per few seconds, not
     ten. A line longer than ``_CHUNK`` bytes goes in pieces, so memory stays bounded however the worker
-    writes. ``on_first_data`` is called once, when the first bytes arrive.
+    writes. ``on_first_data`` is called once, when the first bytes arrive. ``idle`` is set while it waits in a
+    read, everything read before forwarded (see :class:`OutputReader`).
     """
     read = getattr(stream, "read1", None) or stream.read
     rest, after_cr, redraws = b"", False, _Redraws(on_output, clock)
     try:
-        while data := read(_CHUNK):
+        while True:
+            if idle is not None:
+                idle.set()
+            data = read(_CHUNK)
+            if idle is not None:
+                idle.clear()
+            if not data:
+                break
             if on_first_data is not None:
                 on_first_data()
                 on_first_data = None
@@ -131,20 +142,48 @@ def _text(raw: bytes) -> str:
     return raw.decode(errors="replace")
 
 
-class OutputEnd:
-    """Whether a local worker's exit may be told yet: only once its output reader has read the pipe to its end,
-    so that its last lines (the error line it died with among them: the job's end line names it) have been
-    forwarded before its exit is judged; or :data:`DRAIN_WAIT_S` after the exit was first seen, whatever holds
-    the pipe. ``reader`` None (a process of no output of ours) never holds an exit back."""
+class OutputReader:
+    """The thread that forwards a local worker's output (stdout and stderr) line by line, and whether it is behind."""
 
-    def __init__(self, reader: threading.Thread | None, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, stream, on_output: OutputSink, worker_id: str) -> None:
+        self._fd = stream.fileno()
+        self._idle = threading.Event()
+        self.thread = threading.Thread(target=forward_lines, args=(stream, on_output), kwargs={"idle": self._idle},
+                                       name=f"out-{worker_id}", daemon=True)
+        self.thread.start()
+
+    def behind(self) -> bool:
+        """Whether bytes written to the pipe are still to be forwarded: read and not forwarded yet, or still in the
+        pipe. Not whether the pipe has ended: a child the worker left (DataLoader workers, a helper process) may
+        hold it open for seconds after the worker's exit, and the exit must not wait for it (review rvL: a kill -9
+        was told 2 s late, and the survivors waited that long in a collective the child's inherited socket kept
+        open)."""
+        if not self.thread.is_alive():
+            return False
+        if not self._idle.is_set():
+            return True
+        try:
+            pending = struct.unpack("i", fcntl.ioctl(self._fd, termios.FIONREAD, b"\0\0\0\0"))[0]
+        except OSError:
+            return False
+        return pending > 0 or not self._idle.is_set()
+
+
+class OutputEnd:
+    """Whether a local worker's exit may be told yet: only once its output reader has forwarded what the pipe
+    held, so that its last lines (the error line it died with among them: the job's end line names it) have been
+    forwarded before its exit is judged (under a slow reader of the driver's own stdout it falls behind); or
+    :data:`DRAIN_WAIT_S` after the exit was first seen. ``reader`` None (a process of no output of ours) never
+    holds an exit back. A line the worker left unended is forwarded at the pipe's end only."""
+
+    def __init__(self, reader: OutputReader | None, clock: Callable[[], float] = time.monotonic) -> None:
         self._reader = reader
         self._clock = clock
         self._exited_at: float | None = None
 
     def holds(self) -> bool:
-        """Called with the exit seen: True while its output is still being read, within the bound."""
-        if self._reader is None or not self._reader.is_alive():
+        """Called with the exit seen: True while its output is still being forwarded, within the bound."""
+        if self._reader is None or not self._reader.behind():
             return False
         now = self._clock()
         if self._exited_at is None:
@@ -154,14 +193,7 @@ class OutputEnd:
     def wait(self) -> None:
         """Block until the output is read to its end, or the bound is up (a stop, which may block)."""
         if self._reader is not None:
-            self._reader.join(DRAIN_WAIT_S)
-
-
-def _read_output(stream, on_output: OutputSink, worker_id: str) -> threading.Thread:
-    """Start the thread that forwards ``stream`` (a worker's stdout and stderr) line by line; return it."""
-    reader = threading.Thread(target=forward_lines, args=(stream, on_output), name=f"out-{worker_id}", daemon=True)
-    reader.start()
-    return reader
+            self._reader.thread.join(DRAIN_WAIT_S)
 
 
 def kill_group(pid: int, sig: int) -> None:
@@ -195,7 +227,7 @@ class LocalProcess:
     ``reader`` is the thread reading its output: its exit is told once that has read it all (:class:`OutputEnd`).
     """
 
-    def __init__(self, spec: WorkerSpec, popen: subprocess.Popen, reader: threading.Thread | None = None) -> None:
+    def __init__(self, spec: WorkerSpec, popen: subprocess.Popen, reader: OutputReader | None = None) -> None:
         self.spec = spec
         self._popen = popen
         self._lock = threading.Lock()
@@ -250,7 +282,7 @@ class ForkedProcess:
     the process that started. Its exit is told once ``reader`` has read its output (:class:`OutputEnd`).
     """
 
-    def __init__(self, spec: WorkerSpec, server: ForkServer, pid: int, reader: threading.Thread | None = None) -> None:
+    def __init__(self, spec: WorkerSpec, server: ForkServer, pid: int, reader: OutputReader | None = None) -> None:
         self.spec = spec
         self._server = server
         self._pid = pid
@@ -387,7 +419,7 @@ class LocalLauncher:
             return None  # the server died: start this one from scratch
         finally:
             os.close(write_fd)
-        reader = _read_output(os.fdopen(read_fd, "rb"), on_output, spec.worker_id)
+        reader = OutputReader(os.fdopen(read_fd, "rb"), on_output, spec.worker_id)
         log.debug("forked %s as pid %d", spec.worker_id, pid)
         return ForkedProcess(spec, server, pid, reader)
 
@@ -422,7 +454,7 @@ class LocalLauncher:
             raise LaunchError(f"cannot start {spec.command[0]!r} for {spec.worker_id}: {exc.strerror or exc}") from exc
         finally:
             os.close(secret_fd)
-        reader = _read_output(popen.stdout, on_output, spec.worker_id)
+        reader = OutputReader(popen.stdout, on_output, spec.worker_id)
         log.debug("started %s as pid %d", spec.worker_id, popen.pid)
         return LocalProcess(spec, popen, reader)
 

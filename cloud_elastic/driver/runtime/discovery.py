@@ -25,7 +25,7 @@ import time
 from typing import Callable, TextIO, Union
 
 from cloud_elastic.errors import DiscoveryError, FatalDiscoveryError
-from cloud_elastic.providers.api import DiscoveredHosts, HostDiscovery, cancel_find
+from cloud_elastic.providers.api import DiscoveredHosts, HostDiscovery, cancel_find, lets_go
 from cloud_elastic.providers.multi import Caller, call_limit_s
 
 __all__ = ["discover", "DiscoveryPoller", "DiscoveryFailure", "FailingStreak", "DISCOVERY_TIMEOUT_S", "MAX_BACKOFF_S",
@@ -230,7 +230,7 @@ class DiscoveryPoller:
                 return
             try:
                 self._discovery.release(host, instance)
-                if self._discovery.releases(host):  # -H, a script: they hold nothing (a source of several too)
+                if lets_go(self._discovery, host):  # -H, a script: they hold nothing (a source of several too)
                     log.info("released drained host %s%s to the cloud", host, f" ({instance})" if instance else "")
             except Exception as exc:  # the instance then waits out the cloud's own timeout; the job goes on
                 log.warning("could not release drained host %s: %s", host, exc)
