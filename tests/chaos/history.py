@@ -30,19 +30,26 @@ def check_every_kind_applied(applied: list[str], seed: int) -> None:
 
 def check_no_commit_lost(events) -> None:
     """A worker never continues from a step below its own last commit, and the
-    members of a round all continue from the same step."""
+    members of a round all continue from the same step. A round's members enter
+    the training function a second time, together, where a follow window ends
+    (``FollowerActivated``: the same round goes on); each entry is compared with
+    the same entry of the others."""
     last_commit: dict[str, int] = {}
-    starts: dict[int, set] = defaultdict(set)
+    starts: dict[tuple[int, int], set] = defaultdict(set)
+    entered: Counter = Counter()
     for e in events:
         if e.kind == "commit":
             last_commit[e["worker"]] = e["step"]
         elif e.kind == "enter":
-            starts[e["round"]].add(e["step"])
+            nth = entered[e["worker"], e["round"]]
+            entered[e["worker"], e["round"]] += 1
+            starts[e["round"], nth].add(e["step"])
             before = last_commit.get(e["worker"], 0)
             assert e["step"] >= before, (
                 f"round {e['round']}: {e['worker']} continues from step {e['step']} but had committed step {before}")
-    for round_, steps in starts.items():
-        assert len(steps) == 1, f"round {round_}: members continue from different steps {sorted(steps)}"
+    for (round_, nth), steps in starts.items():
+        assert len(steps) == 1, (f"round {round_}{f' (entry {nth + 1})' if nth else ''}: members continue from "
+                                 f"different steps {sorted(steps)}")
 
 
 def check_one_group_at_a_time(events, driver: list[dict]) -> None:
@@ -86,8 +93,8 @@ def lineage(events) -> dict[int, dict]:
     enters: dict[int, int] = {}
     batches: dict[int, dict[int, dict]] = defaultdict(dict)
     for e in events:
-        if e.kind == "enter":
-            enters[e["round"]] = e["step"]
+        if e.kind == "enter":  # a round's first entry (a follow window's end enters it again, going on)
+            enters.setdefault(e["round"], e["step"])
         elif e.kind == "batch":
             seen = batches[e["round"]].setdefault(e["step"], e)
             assert (seen["epoch"], sorted(seen["indices"])) == (e["epoch"], sorted(e["indices"])), (

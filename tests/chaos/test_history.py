@@ -105,3 +105,14 @@ def test_a_kind_never_applied_fails_naming_the_kind_and_the_seed(missing):
     with pytest.raises(AssertionError, match=rf"^chaos seed 17: no [^\n]+ \({key}\) was applied in 7 faults") as caught:
         history.check_every_kind_applied(applied, seed=17)
     assert "\n" not in str(caught.value)
+
+
+def test_a_round_entered_again_together_where_a_follow_window_ends_passes_and_apart_is_caught():
+    # Round 1's members enter again at step 2, in the same round (FollowerActivated): not a disagreement.
+    events = good()
+    events[10:10] = [ev("enter", worker=A, round=1, step=2), ev("enter", worker=B, round=1, step=2)]
+    history.check_no_commit_lost(events)
+    assert history.check_exactly_once(events, 4) == (4, 2)  # round 1 still goes on from its first entry, step 0
+    events[11] = ev("enter", worker=B, round=1, step=3)
+    with pytest.raises(AssertionError, match=r"round 1 \(entry 2\): members continue from different steps \[2, 3\]"):
+        history.check_no_commit_lost(events)
