@@ -145,8 +145,10 @@ FRESH_WORKERS = {"CLOUD_ELASTIC_LOCAL_FORKSERVER": "0"}
 
 class CloudElastic(Scenario):
     def __init__(self, tmp: Path, state_mb: float = 0.0, tree: Path | None = None, device_s: float = 0.0,
-                 trace: bool = False) -> None:
+                 trace: bool = False, follow: bool = True) -> None:
         self.tree = tree  # --against: another checkout's cloud_elastic (PYTHONPATH and the working directory)
+        #: Follow-mode admission (the default), or the whole sync (``CLOUD_ELASTIC_FOLLOW=0``: ``--whole-sync``'s rows).
+        self.env = dict(FRESH_WORKERS, CLOUD_ELASTIC_FOLLOW="1" if follow else "0")
         self.discovery = ChaosDiscovery(tmp, HOSTS[:2])
         self.cmd = [PY, "-m", "cloud_elastic.cli", "run", "-np", "2", "--min-np", "2", "--max-np", "3",
                     "--host-discovery-script", str(self.discovery.script), "--blacklist-cooldown-range", "300", "300",
@@ -156,9 +158,9 @@ class CloudElastic(Scenario):
 
     def start(self) -> None:
         if self.tree is None:
-            self.job = Procs([self.cmd], dict(FRESH_WORKERS))
+            self.job = Procs([self.cmd], dict(self.env))
         else:
-            self.job = Procs([self.cmd], dict(FRESH_WORKERS, PYTHONPATH=str(self.tree)), cwd=self.tree)
+            self.job = Procs([self.cmd], dict(self.env, PYTHONPATH=str(self.tree)), cwd=self.tree)
 
     def add(self) -> None:
         self.discovery.set(HOSTS)
@@ -425,10 +427,12 @@ def main() -> None:
                    help="device time a step, ms, comma-separated (default 0: the CPU-bound rows alone): each value "
                         "but 0 adds, in the same rounds, an emulated GPU host's twin of every cloud-elastic row "
                         "(workload.py --device-s), published in section host-added-emulated, not the glance row")
+    p.add_argument("--whole-sync", action="store_true",
+                   help="also every cloud-elastic row with the whole sync (CLOUD_ELASTIC_FOLLOW=0) instead of the "
+                        "default follow-mode admission, in the same rounds")
     docsection.add_arguments(p)
     args = p.parse_args()
     repeats, bound = args.repeats or (1 if args.quick else 7), args.bound or (30.0 if args.quick else 90.0)
-    os.environ.setdefault("CLOUD_ELASTIC_FOLLOW", "1")  # follow-mode admission, opt-in (commit.follow)
     os.environ.setdefault("RUST_LOG", "warn")  # the Lighthouse in this process logs every quorum at info
     chosen = {n: f for n, f in SYSTEMS.items() if args.peers or n == CLOUD_ELASTIC}
     sizes = {mb: with_state(mb) for mb in parse_sizes(args.state_mb if args.state_mb is not None
@@ -444,6 +448,10 @@ def main() -> None:
         chosen[f"{at} (--against)"] = lambda tmp: CloudElastic(tmp, 0.0, tree)
         chosen.update({f"{at}, +{mb:g} MB of state (--against)": (lambda mb: lambda tmp: CloudElastic(tmp, mb, tree))(mb)
                        for mb in sizes})
+    if args.whole_sync:
+        chosen.update({f"{name}, whole sync (CLOUD_ELASTIC_FOLLOW=0)":
+                       (lambda mb: lambda tmp: CloudElastic(tmp, mb, follow=False))(mb)
+                       for mb, name in [(0.0, CLOUD_ELASTIC), *sizes.items()]})
     chosen.update(twins)
     rows: dict[str, dict] = {n: {"figures": [], "misses": 0} for n in chosen}
     with tempfile.TemporaryDirectory() as root:
