@@ -55,6 +55,7 @@ error (see ``driver.job.plan``): never a silent restart from the wrong state.
 from __future__ import annotations
 
 import logging
+import time
 from typing import TYPE_CHECKING, Any, Callable
 
 from cloud_elastic.protocol_reports import UNTOLD
@@ -161,6 +162,10 @@ class CommitLedger:
         self.following = False
         #: ``DistributedOptimizer`` steps since the last commit: what a rollback undoes.
         self.steps_since_commit = 0
+        #: Seconds between this worker's last two commits (``time.monotonic``), None before its second: how often
+        #: the script commits, for a follow window's bound (``commit.follow``).
+        self.commit_interval: float | None = None
+        self._committed_at: float | None = None
         #: Steps the last rollback undid, told to the driver at the next rendezvous (then 0 again).
         self.rolled_back = 0
         #: ``commit_seq`` of the state the running (or last) sync broadcasts from rank 0.
@@ -235,6 +240,10 @@ class CommitLedger:
         self._live_seq += 1
         self.commit_seq = self._live_seq
         self.steps_since_commit = 0
+        now = time.monotonic()
+        if self._committed_at is not None:
+            self.commit_interval = now - self._committed_at
+        self._committed_at = now
         self.progress.mark()
         for hook in self.after_commit:
             hook(state)

@@ -123,8 +123,8 @@ def test_scale_up_and_scale_in_by_discovery_are_recorded_as_hosts_changed_and_ne
 
     rounds = of(events, "round_formed")
     assert [(r["round"], r["size"]) for r in rounds] == [(1, 2), (2, 3), (3, 2)]
-    # The newcomer took the last rank, state was broadcast to it, and training went on from the
-    # step the members had committed: nobody rolled back.
+    # The newcomer took the last rank, received the state (following, by default, or in the sync), and
+    # training went on from the step the members had committed: nobody rolled back.
     grown, shrunk = rounds[1], rounds[2]
     assert grown["ranks"] == {"127.0.0.1": [0], "127.0.0.2": [1], "127.0.0.3": [2]} and grown["synced"] is True
     assert [e["rank"] for e in job.of("hello") if e["worker"].startswith("127.0.0.3")] == [2]
@@ -147,7 +147,7 @@ def test_scale_up_and_scale_in_by_discovery_are_recorded_as_hosts_changed_and_ne
     assert kept and all(r["executed"] == r["step"] == shrunk["step"] for r in kept), kept
     assert of(events, "rollback") == [] and of(events, "worker_failed") == []
     assert only(events, "job_finished")["resets"] == 2
-    # Both finished at the same step with the same parameters, the newcomer too: the sync it got was whole.
+    # Both finished at the same step with the same parameters, the newcomer too: it holds the whole state.
     done = job.of("done")
     assert sorted(e["worker"].split("[")[0] for e in done) == ["127.0.0.1", "127.0.0.3"], job.output()
     assert {e["size"] for e in done} == {2} and len({e["checksum"] for e in done}) == 1

@@ -121,3 +121,16 @@ def test_a_single_holder_gives_a_newcomer_the_whole_sync_so_its_host_can_go_at_o
     stop.touch()
     assert job.finish(timeout=60) == 0, job.output()
     assert any("no follow mode: 1 holder(s) of the commit on 1 host(s)" in line for line in job.lines), job.output()
+
+
+def test_a_script_that_commits_rarely_admits_with_the_whole_sync_not_a_window_past_the_bound(jobs, tmp_path):
+    """Review rvD: a script committing every 16 s kept its window open 47 s (41 s apart: 83 s), past the documented
+    bound, its newcomer training nothing meanwhile, the rest of the state moving at once at the paced commit. A
+    window needs two commits (the pieces, then the check): where two of the script's commit intervals would outlast
+    CLOUD_ELASTIC_FOLLOW_WINDOW_S, the admission is the whole sync, and rank 0 says why."""
+    job, stop = _start(jobs, tmp_path, "--step-sleep", "0.3", env={"CLOUD_ELASTIC_FOLLOW_WINDOW_S": "0.4"})
+    job.wait_for(lambda j: _all_entered_alike(j, 3), 60, "3 workers entering alike at size 3")
+    said = [line for line in job.lines if "receive the whole commit in the sync (no follow mode: commits" in line]
+    assert said and "would outlast CLOUD_ELASTIC_FOLLOW_WINDOW_S=0.4 s" in said[0], job.output()
+    assert not any(_WINDOW.search(line) for line in job.lines), job.output()
+    _finish_alike(job, stop, 3)

@@ -72,12 +72,13 @@ def test_a_followers_share_of_a_reduction_changes_nothing(op, dtype, others, exp
     assert reduced.tolist() == [expected] * 3
 
 
-def _rank0(size: int, previous_size: int):
-    """Rank 0 of a round of ``size`` on one host each, its round before of ``previous_size``; follow mode on."""
+def _rank0(size: int, previous_size: int, commit_interval: float | None = 0.05):
+    """Rank 0 of a round of ``size`` on one host each, its round before of ``previous_size``, committing every
+    ``commit_interval`` s; follow mode on, its windows bounded to 30 s."""
     info = SimpleNamespace(size=size, rank=0, round=2, from_checkpoint=False)
-    ledger = SimpleNamespace(sync_hosts=list(range(size)))
-    return SimpleNamespace(info=info, ledger=ledger, settings=SimpleNamespace(follow=True), backend="gloo",
-                           device=torch.device("cpu"), following=None, previous_size=previous_size, worker_id="w")
+    ledger = SimpleNamespace(sync_hosts=list(range(size)), commit_interval=commit_interval)
+    return SimpleNamespace(info=info, ledger=ledger, settings=SimpleNamespace(follow=True, follow_window_s=30.0),
+                           backend="gloo", device=torch.device("cpu"), following=None, previous_size=previous_size, worker_id="w")
 
 
 @pytest.mark.parametrize("size, previous, receivers, takes_a_place", [
@@ -114,3 +115,9 @@ def test_a_followers_optimizer_state_starts_as_zeros_it_can_write_without_touchi
 def _rss() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * 4096
+
+
+@pytest.mark.parametrize("interval, follows", [(None, True), (0.05, True), (14.9, True), (15.1, False), (40.0, False)])
+def test_a_script_whose_two_commits_outlast_the_window_bound_gets_the_whole_sync(interval, follows):
+    why = _refusal(_rank0(3, 2, interval), SimpleNamespace(_handlers={}), [2], 5, [2])
+    assert ("a window of two commits would outlast CLOUD_ELASTIC_FOLLOW_WINDOW_S=30 s" in why) != follows, why

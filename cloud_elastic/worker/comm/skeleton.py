@@ -135,7 +135,9 @@ def zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     nbytes = math.prod(shape) * dtype.itemsize
     if nbytes >= MAPPED_BYTES:
         try:
-            return torch.frombuffer(mmap.mmap(-1, nbytes), dtype=dtype).view(shape)
+            # Private: a fork (an async checkpoint writer) sees it copy-on-write, as any other memory (review rvD).
+            private = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+            return torch.frombuffer(private, dtype=dtype).view(shape)
         except (OSError, ValueError, TypeError, RuntimeError):
             pass
     return torch.zeros(shape, dtype=dtype)

@@ -133,6 +133,8 @@ class Window:
     opened: float = 0.0
     #: Rank 0 said that the window moves more than one commit's pieces a commit (see :func:`_pace`).
     paced: bool = False
+    #: On rank 0, the seconds between its last two commits before the window: its pace until it has one of its own.
+    interval: float = 0.0
 
     @property
     def active(self) -> int:
@@ -237,6 +239,9 @@ def _digest(views: list[torch.Tensor]) -> int:
 
 
 # --------------------------------------------------------------------------------------- the decision
+NOTHING_TO_FOLLOW = "no trained commit to follow"
+
+
 def _refusal(ctx: Any, state: Any, receivers: list[int], root_seq: int | None, fresh: list[int] | None) -> str:
     """Why these receivers cannot follow ("" if they can); on rank 0, from its own state."""
     info = ctx.info
@@ -247,7 +252,11 @@ def _refusal(ctx: Any, state: Any, receivers: list[int], root_seq: int | None, f
     if not receivers or receivers != list(range(info.size - len(receivers), info.size)) or 0 in receivers:
         return "the receivers are not the newest ranks"
     if not root_seq or info.from_checkpoint:
-        return "no trained commit to follow"
+        return NOTHING_TO_FOLLOW
+    interval, bound = getattr(ctx.ledger, "commit_interval", None), ctx.settings.follow_window_s
+    if interval is not None and 2 * interval > bound:  # the pieces at one commit at least, the check at the next
+        return (f"commits {interval:.3g} s apart: a window of two commits would outlast "
+                f"CLOUD_ELASTIC_FOLLOW_WINDOW_S={bound:g} s")
     exposed = _exposure(ctx, receivers)
     if exposed:
         return exposed
@@ -310,9 +319,10 @@ def decide(ctx: Any, state: Any, receivers: list[int], root_seq: int | None, fre
         return []  # a window of this round ended unequal: the sync that follows gives the whole state
     why = _refusal(ctx, state, receivers, root_seq, fresh)
     if why:
-        if receivers:
-            log.info("worker %s: rank(s) %s receive the whole commit in the sync (no follow mode: %s)",
-                     ctx.worker_id, receivers, why)
+        if receivers:  # a job's first sync has nothing to follow: no word for it (review rvD)
+            log.log(logging.DEBUG if why == NOTHING_TO_FOLLOW else logging.INFO,
+                    "worker %s: rank(s) %s receive the whole commit in the sync (no follow mode: %s)",
+                    ctx.worker_id, receivers, why)
         return []
     return list(receivers)
 
@@ -328,7 +338,7 @@ def start(ctx: Any, state: Any, followers: list[int], skeletons: list[Any], seq:
             tensors = allocate(shape, "optimizer state", state_limit(opt), zeroed=True)
             opt.load_state_dict(_join_tensors(shape, tensors))
     window = Window(info.round, list(followers), info.size, seq, plan(state, ctx.settings.follow_bytes),
-                    opened=time.monotonic())
+                    opened=time.monotonic(), interval=getattr(ctx.ledger, "commit_interval", None) or 0.0)
     if info.rank in followers:
         _index(state, window)
     ctx.following = window
@@ -338,8 +348,9 @@ def start(ctx: Any, state: Any, followers: list[int], skeletons: list[Any], seq:
         if type(handler).__name__ == "SamplerHandler" and reset is not None:
             reset()  # the active members' shards (a follower copies one)
     total = sum(s.stop - s.start for b in window.plan for s in b)
-    log.info("worker %s: rank(s) %s follow from commit %s: %d piece(s) over %d commit(s) (%d elements)",
-             ctx.worker_id, followers, seq, sum(len(b) for b in window.plan), len(window.plan), total)
+    log.log(logging.INFO if info.rank == 0 else logging.DEBUG,  # one line a window, not one a member (rvD)
+            "worker %s: rank(s) %s follow from commit %s: %d piece(s) over %d commit(s) (%d elements)",
+            ctx.worker_id, followers, seq, sum(len(b) for b in window.plan), len(window.plan), total)
 
 
 def shed(ctx: Any, state: Any) -> None:
@@ -368,16 +379,19 @@ def _resave(state: Any) -> None:
 def _pace(ctx: Any, window: Window) -> int:
     """On every member, rank 0's word (a one-element broadcast): how many of the plan's next commits move at
     this one, so that the window ends within ``follow_window_s``. 1 while it keeps to that at the pace seen so
-    far (its commits' mean interval); more as it falls behind; all that is left once the time is up."""
+    far (its commits' mean interval; at the first, the interval of its last two commits before the window:
+    review rvD, a script committing every 16 s kept a window of 47 s); more as it falls behind; all that is
+    left once the time is up. The commit after the last piece, which ends the window, is counted in."""
     left = len(window.plan) - window.boundary
     pace = 1
     if ctx.info.rank == 0:
         spent = time.monotonic() - window.opened
         remaining = ctx.settings.follow_window_s - spent
+        mean = spent / window.boundary if window.boundary > 0 else window.interval
         if remaining <= 0:
             pace = left
-        elif window.boundary > 0:
-            commits = max(1, int(remaining / (spent / window.boundary)))  # at the mean interval so far
+        elif mean > 0:
+            commits = max(1, int(remaining / mean) - 1)  # at that interval, the check's commit left out
             pace = min(left, -(-left // commits))
     flag = torch.tensor([pace], dtype=torch.int64)
     collectives.broadcast_(flag, 0, "follow pace")
@@ -439,8 +453,9 @@ def at_commit(ctx: Any, state: Any) -> None:
         log.warning("worker %s: the followers' state differs from the holders' at the end of the window; they "
                     "receive the whole commit now", ctx.worker_id)
     else:
-        log.info("worker %s: rank(s) %s follow no more: %s moved here in %d commit(s), every digest equal",
-                 ctx.worker_id, window.followers, f"{window.bytes / 1e3:.1f} kB", len(window.plan))
+        log.log(logging.INFO if ctx.info.rank == 0 else logging.DEBUG,
+                "worker %s: rank(s) %s follow no more: %s moved here in %d commit(s), every digest equal",
+                ctx.worker_id, window.followers, f"{window.bytes / 1e3:.1f} kB", len(window.plan))
     raise FollowerActivated(sync=not equal)
 
 
