@@ -136,3 +136,15 @@ def test_a_worker_whose_interpreter_is_stuck_prints_its_stacks_before_it_is_give
     assert any("in one_step" in line for line in stacks), job.output()
     done = job.of("done")
     assert {e["worker"].split("[")[0] for e in done} == {"127.0.0.1", "127.0.0.2"} and {e["step"] for e in done} == {30}
+
+
+def test_the_stacks_asked_by_signal_reach_the_events_file_of_a_job_that_ends_at_once(jobs, tmp_path):
+    # A clean-clone run: the stuck worker's stacks were printed, but the job ended (its survivors one step from the
+    # end) within the second the driver gives the stacks before its KILL, and it exited without their event.
+    events = tmp_path / "stuck.jsonl"
+    job = jobs(["run", "-np", "3", "--min-np", "1", "-H", "127.0.0.1:1,127.0.0.2:1,127.0.0.3:1",
+                "--heartbeat-timeout", "5", "--blacklist-cooldown-range", "600", "600", "--events-file", str(events),
+                *probe_cmd("--steps", "6", "--hold-gil-at-step", "5", "--only-slot", "127.0.0.3")])
+    assert job.finish() == 0, job.output()
+    recorded = [e for e in of(read_events(events), "stacks") if e.get("via") == "signal"]
+    assert [e["host"] for e in recorded] == ["127.0.0.3"] and "in one_step" in recorded[0]["text"], job.output()

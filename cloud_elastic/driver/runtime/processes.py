@@ -220,6 +220,9 @@ class WorkerProcesses:
                                     args=(action.worker_id, proc))
             timer.daemon = True
             timer.start()
+            # close() waits for it as for the stops: a job that ended within its few seconds (a short job, the
+            # rest finishing at once) exited before the stacks reached the events file (a clean-clone run's test_health).
+            self._stoppers.append(timer)
         elif action.immediate:
             proc.kill()
             self._signal_stacks.take(action.worker_id)  # its process was gone: nothing to gather
