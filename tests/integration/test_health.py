@@ -116,13 +116,8 @@ def test_cloud_elastic_drain_sends_a_host_away_at_a_commit_and_refuses_what_it_d
 def test_a_worker_whose_interpreter_is_stuck_prints_its_stacks_before_it_is_given_up(jobs, tmp_path):
     # Its training thread never lets go of the interpreter: no heartbeat goes out, so no stacks can be
     # asked for over the control plane; the driver asks by signal, and faulthandler answers from C.
-    events = tmp_path / "stuck.jsonl"
-    job = jobs(["run", "-np", "3", "--min-np", "1", "-H", "127.0.0.1:1,127.0.0.2:1,127.0.0.3:1",
-                "--heartbeat-timeout", "5", "--blacklist-cooldown-range", "600", "600", "--events-file", str(events),
-                *probe_cmd("--steps", "30", "--hold-gil-at-step", "5", "--only-slot", "127.0.0.3")])
-    assert job.finish() == 0, job.output()
+    job, recorded = _stuck_at_step_5(jobs, tmp_path, steps=30)
     # The same stacks, gathered from its output, are in the events file.
-    recorded = [e for e in of(read_events(events), "stacks") if e.get("via") == "signal"]
     assert [e["host"] for e in recorded] == ["127.0.0.3"], job.output()
     assert "in one_step" in recorded[0]["text"] and "Thread 0x" in recorded[0]["text"], recorded
     lines = job.lines
@@ -141,10 +136,17 @@ def test_a_worker_whose_interpreter_is_stuck_prints_its_stacks_before_it_is_give
 def test_the_stacks_asked_by_signal_reach_the_events_file_of_a_job_that_ends_at_once(jobs, tmp_path):
     # A clean-clone run: the stuck worker's stacks were printed, but the job ended (its survivors one step from the
     # end) within the second the driver gives the stacks before its KILL, and it exited without their event.
+    job, recorded = _stuck_at_step_5(jobs, tmp_path, steps=6)
+    assert [e["host"] for e in recorded] == ["127.0.0.3"] and "in one_step" in recorded[0]["text"], job.output()
+
+
+def _stuck_at_step_5(jobs, tmp_path, steps: int):
+    """A job of three whose worker on 127.0.0.3 holds the GIL from step 5 (given up after 5 s of silence, asked for
+    its stacks by signal), the others training to ``steps``; it has ended well. Returns it and the stacks events
+    the driver recorded from the signal."""
     events = tmp_path / "stuck.jsonl"
     job = jobs(["run", "-np", "3", "--min-np", "1", "-H", "127.0.0.1:1,127.0.0.2:1,127.0.0.3:1",
                 "--heartbeat-timeout", "5", "--blacklist-cooldown-range", "600", "600", "--events-file", str(events),
-                *probe_cmd("--steps", "6", "--hold-gil-at-step", "5", "--only-slot", "127.0.0.3")])
+                *probe_cmd("--steps", str(steps), "--hold-gil-at-step", "5", "--only-slot", "127.0.0.3")])
     assert job.finish() == 0, job.output()
-    recorded = [e for e in of(read_events(events), "stacks") if e.get("via") == "signal"]
-    assert [e["host"] for e in recorded] == ["127.0.0.3"] and "in one_step" in recorded[0]["text"], job.output()
+    return job, [e for e in of(read_events(events), "stacks") if e.get("via") == "signal"]
