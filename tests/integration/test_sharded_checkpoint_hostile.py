@@ -11,7 +11,6 @@ Before: the flipped bytes loaded "successfully" and the pickle ran.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import pickle
 import sys
@@ -19,6 +18,7 @@ import sys
 import pytest
 
 from tests.integration.harness import REPO
+from tests.unit.test_sharded_checkpoint_hostile import tamper_metadata
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -110,14 +110,7 @@ def test_an_item_forged_into_the_metadata_falls_back_and_a_fitting_resume_trains
     committed = {e["full"] for e in first.of("commit") if e["step"] == at}
     assert len(committed) == 1 and at < 6
 
-    path = final / "dcp" / "metadata.json"
-    metadata = json.loads(path.read_text())
-    tamper(metadata)
-    path.write_text(json.dumps(metadata))
-    manifest = json.loads((final / "manifest.json").read_text())
-    manifest["shards"]["files"]["metadata.json"] = path.stat().st_size
-    manifest["shards"]["sha256"]["metadata.json"] = hashlib.sha256(path.read_bytes()).hexdigest()
-    (final / "manifest.json").write_text(json.dumps(manifest))
+    tamper_metadata(final, tamper)
 
     second = jobs(_args(ckpt, 7))
     code = second.finish(timeout=150)

@@ -218,14 +218,7 @@ def test_dcp_metadata_json_rewritten_with_its_manifest_is_parsed_strictly_and_fa
     """The JSON metadata that replaced DCP's pickle, tampered with and its digest fixed in the manifest: file names
     outside the listed ones and unknown dtypes are refused, and the previous checkpoint loads."""
     at_2, newest, _ = _two_checkpoints(tmp_path)
-    path = newest / "dcp" / "metadata.json"
-    metadata = json.loads(path.read_text())
-    tamper(metadata)
-    path.write_text(json.dumps(metadata))
-    manifest = json.loads((newest / "manifest.json").read_text())
-    manifest["shards"]["files"]["metadata.json"] = path.stat().st_size
-    manifest["shards"]["sha256"]["metadata.json"] = hashlib.sha256(path.read_bytes()).hexdigest()
-    (newest / "manifest.json").write_text(json.dumps(manifest))
+    tamper_metadata(newest, tamper)
     loaded, values, warnings = _load(tmp_path, caplog)
     assert loaded.step == 2 and all(torch.equal(a, b) for a, b in zip(values, at_2))
     warning = next(w for w in warnings if newest.name in w)
@@ -264,3 +257,16 @@ def test_over_fsspec_every_shard_file_is_digested_as_written_and_checked_before_
         assert ShardedCheckpoints(DurableSettings(url), _ctx()).load_latest(other).step == 2
     assert all(torch.equal(a, b) for a, b in zip(_values(other), at_2))
     assert any("__0_0.distcp does not match" in r.getMessage() for r in caplog.records)
+
+
+def tamper_metadata(checkpoint, tamper) -> None:
+    """``tamper`` (called with the parsed ``dcp/metadata.json``) rewrites a sharded checkpoint's metadata, and its
+    size and digest are fixed in the manifest: a tampering only a load's own checks can catch."""
+    path = checkpoint / "dcp" / "metadata.json"
+    metadata = json.loads(path.read_text())
+    tamper(metadata)
+    path.write_text(json.dumps(metadata))
+    manifest = json.loads((checkpoint / "manifest.json").read_text())
+    manifest["shards"]["files"]["metadata.json"] = path.stat().st_size
+    manifest["shards"]["sha256"]["metadata.json"] = hashlib.sha256(path.read_bytes()).hexdigest()
+    (checkpoint / "manifest.json").write_text(json.dumps(manifest))
