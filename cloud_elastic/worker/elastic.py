@@ -198,7 +198,36 @@ def _run(func: Callable[..., Any], state: State, *args: Any, **kwargs: Any) -> A
         error = durable.finish(state) if durable is not None else None
         ctx.report_completed(error)  # WorkerRemoved when rank 0 is still training: this worker returned early
         _completed = True
+        _name_failures_after_run()
         return result
+
+
+#: What a collective that fails after ``run`` returned adds to its error (see :func:`_name_failures_after_run`).
+AFTER_RUN = ("; it ran after hvd.elastic.run returned, where a lost peer cannot be rolled back from: run collectives "
+             "(an evaluation's allreduce) inside the training function if they must survive a failure "
+             "(docs/porting.md)")
+
+
+def _name_failures_after_run() -> None:
+    """Once a ``run`` has returned, a CollectiveError that ends the script says where it happened.
+
+    Collectives after ``run`` work, as in Horovod (MNIST's ``test()`` averages its metrics there), over the
+    last round's members; nothing there can roll back or re-form, so a peer lost there ends the script with
+    the error of torch's Gloo or NCCL, which reads as the library's failure. The uncaught error is given the
+    sentence :data:`AFTER_RUN` (so the driver's line of the worker's exit carries it too); one raised before
+    ``run``, or inside a later ``run``, is left as it is. Installed once, around the hooks there are then.
+    """
+    previous = sys.excepthook
+    if getattr(previous, "names_failures_after_run", False):
+        return
+
+    def hook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
+        if _completed and isinstance(value, CollectiveError) and not str(value).endswith(AFTER_RUN):
+            value = CollectiveError(f"{str(value).rstrip('.')}{AFTER_RUN}").with_traceback(tb)
+        previous(type(value), value, tb)
+
+    hook.names_failures_after_run = True  # type: ignore[attr-defined]
+    sys.excepthook = hook
 
 
 def _sync(ctx: WorkerContext, state: State) -> None:
