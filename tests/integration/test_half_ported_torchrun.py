@@ -16,6 +16,10 @@ import pytest
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
 HINT = " (a torchrun script? cloud-elastic sets no RANK or WORLD_SIZE: port it to cloud_elastic.torch, docs/torchrun.md)"
+DEFAULT_GROUP = ("ValueError: Default process group has not been initialized, please make sure to call "
+                 "init_process_group. (a torch.distributed script? a job has no default process group: use "
+                 "hvd.allreduce, hvd.DistributedOptimizer and hvd.rank() instead of dist.*, DDP or DistributedSampler, "
+                 "docs/torchrun.md)")
 
 _INIT_LEFT = """
 import torch.distributed as dist
@@ -39,6 +43,26 @@ def train(state):
 train(state)
 """
 
+_DEFAULT_GROUP_IN_THE_LOOP = """
+import torch
+import torch.distributed as dist
+import cloud_elastic.torch as hvd
+hvd.init()
+state = hvd.elastic.ObjectState(step=0)
+
+@hvd.elastic.run
+def train(state):
+    dist.all_reduce(torch.ones(1))
+
+train(state)
+"""
+
+_NOT_PORTED = """
+import torch
+import torch.distributed as dist
+dist.all_reduce(torch.ones(1))
+"""
+
 
 @pytest.mark.parametrize("script, error", [
     (_INIT_LEFT, "ValueError: Error initializing torch.distributed using env:// rendezvous: environment variable "
@@ -51,3 +75,18 @@ def test_a_half_ported_torchrun_script_ends_the_job_saying_what_to_change(jobs, 
     assert job.finish(timeout=50) == 1, job.output()
     last = job.lines[-1]
     assert " failed: " in last and f"exited with code 1: {error}{HINT}" in last, job.output()
+
+
+@pytest.mark.parametrize("script, said", [
+    (_DEFAULT_GROUP_IN_THE_LOOP, f") exited with code 1: {DEFAULT_GROUP}"),  # whichever rank ended last
+    (_NOT_PORTED, f"(not yet ranked) exited with code 1 after printing: {DEFAULT_GROUP}"),
+], ids=["dist.all_reduce in the training function", "dist.all_reduce without hvd.init"])
+def test_a_script_that_uses_torchs_default_group_ends_the_job_saying_what_to_change(jobs, tmp_path, script, said):
+    """A ``dist.all_reduce`` (or DDP) left in the script meets torch's ``Default process group has not been
+    initialized``: the end line now points to docs/torchrun.md, from the worker's exit report (it called
+    ``hvd.init()``) and from its output (it never reached the driver)."""
+    (tmp_path / "train.py").write_text(script)
+    job = jobs(["run", "-np", "2", "-H", "127.0.0.1:2", sys.executable, "train.py"], cwd=tmp_path)
+    assert job.finish(timeout=50) == 1, job.output()
+    last = job.lines[-1]
+    assert " failed: all workers failed; last: worker 127.0.0.1[" in last and last.endswith(said), job.output()

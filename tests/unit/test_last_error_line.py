@@ -174,3 +174,26 @@ def test_a_half_ported_scripts_reported_error_gets_the_hint_within_the_bound() -
     long = reported_error_line(TORCH_ENV_LINE + " and so on" * 100)
     assert len(long) <= MAX_ERROR_LINE and long.endswith("…" + HINT) and long.startswith(TORCH_ENV_LINE)
     assert reported_error_line("KeyError: 'lr'") == "KeyError: 'lr'"
+
+
+#: torch's line for a call on the default group (``dist.all_reduce``, ``dist.get_rank()``, DDP) that none formed.
+DEFAULT_GROUP_LINE = ("ValueError: Default process group has not been initialized, please make sure to call "
+                      "init_process_group.")
+DEFAULT_GROUP_HINT = (" (a torch.distributed script? a job has no default process group: use hvd.allreduce, "
+                      "hvd.DistributedOptimizer and hvd.rank() instead of dist.*, DDP or DistributedSampler, "
+                      "docs/torchrun.md)")
+
+
+@pytest.mark.parametrize("line", [DEFAULT_GROUP_LINE,
+                                  "RuntimeError: Default process group has not been initialized, please make sure to "
+                                  "call init_process_group."])
+def test_a_script_using_the_default_group_says_what_to_change_in_its_output_and_in_its_report(line: str) -> None:
+    """fixL left alone: a script that calls ``dist.all_reduce`` (or wraps DDP) without a default group ended the job
+    with torch's line alone; its printed line (an unported script) and its exit report (one that called
+    ``hvd.init()``) now carry the pointer to docs/torchrun.md, within their bounds."""
+    last = LastErrors(_Clock())
+    last.offer("w", line)
+    assert last.attach("w", ExitStatus(1))[0].last_error == line + DEFAULT_GROUP_HINT
+    assert len(line + DEFAULT_GROUP_HINT) <= MAX_LAST_ERROR
+    assert reported_error_line(line) == line + DEFAULT_GROUP_HINT
+    assert reported_error_line("ValueError: Default process group is fine") == "ValueError: Default process group is fine"

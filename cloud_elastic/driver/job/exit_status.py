@@ -43,6 +43,19 @@ _TORCHRUN_LINE = re.compile(r"\s*(ValueError: Error initializing torch\.distribu
 _TORCHRUN_HINT = (" (a torchrun script? cloud-elastic sets no RANK or WORLD_SIZE: port it to cloud_elastic.torch, "
                   "docs/torchrun.md)")
 
+#: The line of a ``torch.distributed`` call on the default group (``dist.all_reduce``, ``dist.get_rank()``,
+#: ``DistributedDataParallel``, ``DistributedSampler`` without ``num_replicas``) in a script that never formed one:
+#: torch's ``_get_default_group`` (a ValueError; a RuntimeError before torch 2.3).
+_DEFAULT_GROUP_LINE = re.compile(r"\s*(ValueError|RuntimeError): Default process group has not been initialized")
+
+#: What that line is followed by: a job's workers never have a default group (their groups are the rounds').
+_DEFAULT_GROUP_HINT = (" (a torch.distributed script? a job has no default process group: use hvd.allreduce, "
+                       "hvd.DistributedOptimizer and hvd.rank() instead of dist.*, DDP or DistributedSampler, "
+                       "docs/torchrun.md)")
+
+#: Each line a script that is not (fully) ported dies with, and its hint (:func:`_hint`).
+_PORTING_HINTS = ((_TORCHRUN_LINE, _TORCHRUN_HINT), (_DEFAULT_GROUP_LINE, _DEFAULT_GROUP_HINT))
+
 #: An error line counts only when printed at most this long before its worker's exit was seen: one printed
 #: earlier (a handled error, logged and trained past) says nothing of why the process ended.
 LAST_ERROR_WINDOW_S = 5.0
@@ -92,7 +105,8 @@ class LastErrors:
     repeat count reads too): 137 from outside names nothing, 134 is a crash. cloud-elastic's own final line for a
     worker that never reached the driver, or whose host lacks ``--network-interface``
     (:func:`~cloud_elastic.protocol_reports.said_own_reason`), wins over any other: it is the worker's reason.
-    A torchrun script's line (:data:`_TORCHRUN_LINE`) gets :data:`_TORCHRUN_HINT`, within the same bound.
+    A line of a script not (fully) ported from torchrun or DDP (:data:`_PORTING_HINTS`) gets its hint, within the
+    same bound.
     One short string per live worker; a dict's item set or pop is atomic, so the output threads need no lock.
     """
 
@@ -105,8 +119,9 @@ class LastErrors:
         if own:
             self._last[worker_id] = (own, self._clock(), True)
         elif _ERROR_LINE.match(line, 0, ERROR_SCAN_CHARS) and not self._last.get(worker_id, ("", 0.0, False))[2]:
-            if _torchrun_line(line):
-                line = line.strip()[:MAX_LAST_ERROR - len(_TORCHRUN_HINT)] + _TORCHRUN_HINT
+            hint = _hint(line)
+            if hint:
+                line = line.strip()[:MAX_LAST_ERROR - len(hint)] + hint
             self._last[worker_id] = (line.strip()[:MAX_LAST_ERROR], self._clock(), False)
 
     def attach(self, worker_id: str, status: ExitStatus, reported: bool = False) -> tuple[ExitStatus, str]:
@@ -123,19 +138,19 @@ class LastErrors:
         return status, ""
 
 
-def _torchrun_line(line: str) -> bool:
-    return bool(_TORCHRUN_LINE.match(line, 0, ERROR_SCAN_CHARS))
+def _hint(line: str) -> str:
+    """What follows ``line`` in the job's lines when it is one of :data:`_PORTING_HINTS`' ('' when not)."""
+    return next((hint for pattern, hint in _PORTING_HINTS if pattern.match(line, 0, ERROR_SCAN_CHARS)), "")
 
 
 def reported_error_line(error: str) -> str:
     """The line the job's messages show for the error a worker's script reported it ended with (its exit report):
-    :func:`~cloud_elastic.protocol_reports.error_line`'s, with :data:`_TORCHRUN_HINT` after a torchrun script's
-    line, within the same bound. Such a script was ported half-way: ``hvd.init()`` reached the driver, and then
-    it still called ``init_process_group()`` or read ``LOCAL_RANK``; its exit report, not its output, names why
-    it ended, so :class:`LastErrors` never sees that line."""
-    if _torchrun_line(error.strip()):
-        return error_line(error, MAX_ERROR_LINE - len(_TORCHRUN_HINT)) + _TORCHRUN_HINT
-    return error_line(error)
+    :func:`~cloud_elastic.protocol_reports.error_line`'s, with its hint after a line of :data:`_PORTING_HINTS`,
+    within the same bound. Such a script was ported half-way: ``hvd.init()`` reached the driver, and then it still
+    called ``init_process_group()``, read ``LOCAL_RANK`` or used the default group (``dist.all_reduce``, DDP); its
+    exit report, not its output, names why it ended, so :class:`LastErrors` never sees that line."""
+    hint = _hint(error.strip())
+    return error_line(error, MAX_ERROR_LINE - len(hint)) + hint if hint else error_line(error)
 
 
 def signal_name(number: int) -> str:
