@@ -162,6 +162,7 @@ class MultiSourceDiscovery(HostDiscovery):
         self.call_timeout_s = call_timeout_s
         self._clock = clock
         self._doubled: set[str] = set()  # hosts already warned about (reported by two sources)
+        self._put_off: set[str] = set()  # hosts whose last release() was put off (see releases())
         self._on_raise: Callable[[str, int], object] | None = None  # see on_raise()
         self._on_undo: Callable[[str, int], object] | None = None
         clouds = self.provider_names()
@@ -461,13 +462,18 @@ class MultiSourceDiscovery(HostDiscovery):
         if owner is not None and lets_go(owner.discovery, host):  # a script's or a -H list's: nothing to let go
             with owner.calls.start(lambda: not owner.caller.busy) as started:
                 if started:
+                    self._put_off.discard(host)
                     owner.discovery.release(host, instance)
             if not started:  # another call to it runs (its find() given up on): released once it has ended
+                self._put_off.add(host)
                 owner.releases.append((host, instance))
 
     def releases(self, host: str) -> bool:
+        """Whether ``host``'s source lets it go, and :meth:`release` did now: one put off (its source busy with a
+        call given up on) is said by :meth:`_release_held` when it is made, not by the poller as well (the line
+        came twice, the first before anything was let go)."""
         owner = self._owner(host)
-        return owner is not None and lets_go(owner.discovery, host)
+        return owner is not None and host not in self._put_off and lets_go(owner.discovery, host)
 
     def _release_held(self, source: SourceState) -> None:
         while source.releases:

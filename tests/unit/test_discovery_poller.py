@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from typing import Callable, Mapping
 
 import pytest
@@ -347,3 +348,39 @@ def test_a_plugin_with_its_own_releases_attribute_is_still_released(alone, caplo
     assert not [r for r in caplog.records if "could not release" in r.getMessage()]
     if not alone:
         discovery.close()
+
+
+class Stalling(Holding):
+    """A holding source whose find() waits while ``go`` is clear: a call the job gives up on keeps it busy."""
+
+    def __init__(self, host: str) -> None:
+        super().__init__(host)
+        self.go = threading.Event()
+        self.go.set()
+
+    def find(self) -> DiscoveredHosts:
+        self.go.wait(15)
+        return super().find()
+
+
+def test_a_release_put_off_behind_a_stalled_call_is_said_released_once_when_made(caplog) -> None:
+    """fixL left alone: a several-source release put off (its source busy with a find() given up on) was said
+    "released ... to the cloud" by the poller at once, before anything was let go, and again when made."""
+    group = Stalling("10.0.0.6")
+    multi = MultiSourceDiscovery([(SourceSpec("script", "script"), Listing("10.0.0.5")), (SourceSpec("asg", "aws"), group)])
+    poller = DiscoveryPoller(multi, lambda result: None, interval_s=3600, call_timeout_s=0.3)
+    poller.poll_once()
+    group.go.clear()
+    poller.poll_once()  # the group's find() given up on: it is busy until go
+    with caplog.at_level(logging.INFO, logger="cloud_elastic"):
+        poller.release("10.0.0.6", "i-6")
+        poller._release_queued()
+        said_at_once = [r.getMessage() for r in caplog.records if "released drained host" in r.getMessage()]
+        assert (said_at_once, group.released) == ([], [])  # put off: nothing let go yet, nothing said
+        group.go.set()
+        deadline = time.monotonic() + 10
+        while not group.released and time.monotonic() < deadline:
+            poller.poll_once()  # the first find() after that call ended makes the put-off release
+        multi.close()
+    said = [r.getMessage() for r in caplog.records if "released drained host" in r.getMessage()]
+    assert (said, group.released) == (["released drained host 10.0.0.6 (i-6) to the cloud"], [("10.0.0.6", "i-6")])
