@@ -9,9 +9,12 @@ a host) ends after the timeout, in one line, its newest commit checkpointed firs
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -20,6 +23,7 @@ from tests.integration.harness import HostsFile, probe_cmd, worker_on
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
+ADOPT_PROBE = Path(__file__).with_name("adopt_probe.py")
 #: Short, so that the outage outlasts it several times within seconds.
 ELASTIC_TIMEOUT_S = 2.0
 
@@ -86,3 +90,35 @@ def test_below_min_np_while_discovery_fails_the_job_checkpoints_and_ends_in_one_
     assert "kept failing" not in job.output()
     step = CheckpointStore(str(ckpt)).list()[0].step
     assert step >= 3 and f"checkpoint of step {step} written" in last, last
+
+
+def test_a_restarted_driver_whose_discovery_never_answers_adopts_the_workers_and_trains_to_the_end(jobs, tmp_path):
+    """fixK left alone: a driver restarted (``--checkpoint-dir`` adoption) during an outage ended the job after
+    ``--elastic-timeout``, and meanwhile sent its adopted workers away ("host ... left the group"), although its
+    predecessor's discovery had answered and they were training. It now goes on with the hosts of the workers it
+    adopted, and the outage rule holds for it: the job trains to its end in the same round, nothing relaunched."""
+    (tmp_path / "run").mkdir()
+    events = tmp_path / "events"
+    events.mkdir()
+    env = {"XDG_RUNTIME_DIR": str(tmp_path / "run")}
+    hosts = HostsFile(tmp_path, ["127.0.0.1:1", "127.0.0.2:1"])
+    steps = 80
+    args = ["run", "-np", "2", "--host-discovery-script", str(hosts.script), "--discovery-interval", "0.2",
+            "--elastic-timeout", str(ELASTIC_TIMEOUT_S), "--checkpoint-dir", str(tmp_path / "ckpt"),
+            "--driver-grace", "40", sys.executable, str(ADOPT_PROBE), str(events), "--steps", str(steps),
+            "--step-sleep", "0.05"]
+    first = jobs(args, env=env)
+    first.wait_for(lambda j: any(e["step"] >= 5 for e in j.of("commit")), timeout=60, what="training")
+    os.kill(first.proc.pid, signal.SIGKILL)
+    first.proc.wait()
+    _break(hosts, "echo 'AccessDenied: not authorized to describe the group' >&2\nexit 1\n")
+    second = jobs(args, env=env)
+    assert second.finish(90) == 0, second.output()
+    out = second.output()
+    assert "adopted 2 running worker(s) of round 1" in out, out
+    assert "host discovery has not answered this driver (discovery script " in out and "AccessDenied" in out, out
+    assert "kept failing" not in out and "left the group" not in out and "launched worker" not in out, out
+    assert "training completed on 2 worker(s) after 0 reset(s)" in second.lines[-1], second.lines[-1]
+    done = [json.loads(line) for path in events.glob("*.jsonl") for line in path.read_text().splitlines()
+            if '"kind": "done"' in line]
+    assert len(done) == 2 and {e["step"] for e in done} == {steps}, done

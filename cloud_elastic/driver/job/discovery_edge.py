@@ -5,9 +5,11 @@ heartbeats and exits say that). :class:`DiscoveryEdge` decides, for the job:
 
 * a snapshot changes the hosts (:class:`~.hosts.HostManager`); what changed is logged and emitted;
 * a failed discovery call is retried. Before this driver's discovery first answers, a new job waits
-  up to ``--start-timeout`` (a driver that adopts workers or resumes the job,
-  :attr:`DiscoveryEdge.answered_before`, up to ``--elastic-timeout``: it cannot take its workers back
-  without an answer), and ends in one line if it has not answered by then.
+  up to ``--start-timeout`` (a driver that resumes the job, :attr:`DiscoveryEdge.answered_before`, up to
+  ``--elastic-timeout``: it cannot launch a worker without an answer), and ends in one line if it has not
+  answered by then. A restarted driver that adopted running workers before its discovery answered goes
+  on with their hosts (:meth:`DiscoveryEdge.assume`), as its predecessor's discovery listed them: for it
+  too, as below, a failure never ends the job by itself.
   Once discovery answered, a failure never ends the job by itself: an AWS API throttled for ten
   minutes, a permission taken away by mistake, a Kubernetes control-plane upgrade all leave the
   workers training. The job keeps its current hosts and trains on while it can: it cannot see
@@ -88,6 +90,8 @@ class DiscoveryEdge:
         self._now = 0.0  # of the snapshot or step being judged (the keep's first-commit bound)
         #: Discovery answered this job before this driver started (it adopts workers or resumes the job).
         self.answered_before = False
+        #: The hosts are the adopted workers' (:meth:`assume`) until discovery answers this driver.
+        self.assumed = False
 
     def missing_reason(self) -> str:
         return f"missing from discovery for {self._job.hosts.missing_grace_s:g}s (--host-missing-grace)"
@@ -146,6 +150,23 @@ class DiscoveryEdge:
             log.warning("job %s: %d host(s) removed (%s): %s", job.job_id, len(changes.dropped),
                         some_hosts(changes.dropped), self._dropped_reason())
 
+    def assume(self, snapshot: DiscoveredHosts, workers: int, now: float) -> None:
+        """A restarted driver adopted ``workers`` running workers, and its discovery has not answered yet:
+        ``snapshot``, the hosts they run on, stands for discovery's answer. Their predecessor's discovery listed those hosts, so
+        the job trains on as one whose discovery answered and then failed: the failure never ends it by itself
+        (only the ``--min-np`` wait does), and discovery's first answer replaces these hosts."""
+        job = self._job
+        failing, error = job.discovery_failing_since, job.last_discovery_error
+        self.discovered(snapshot, now)
+        job.discovered_once, job.discovery_failing_since, job.last_discovery_error = False, failing, error
+        self.assumed = True
+        log.warning("job %s: host discovery has not answered this driver (%s): the job goes on with the %d host(s) "
+                    "of the %d worker(s) it adopted, where its previous driver's discovery listed them, and asks "
+                    "again; until discovery answers it cannot see new hosts, reclaims announced only through "
+                    "discovery, or a scale-in; it ends only below --min-np %d for --elastic-timeout %gs", job.job_id,
+                    error or "no answer yet", len(snapshot.ready), workers, job.policy.min_np,
+                    job.policy.elastic_timeout_s)
+
     def _dropped_reason(self) -> str:
         return (f"missing from discovery, beyond the {self._job.hosts.max_missing} missing hosts kept (those without "
                 "workers or blacklisted slots missing longest go first)")
@@ -166,7 +187,7 @@ class DiscoveryEdge:
             log.warning("job %s: host discovery failed with an error it calls fatal: %s. Discovery worked %s, so "
                         "this may pass (a token being refreshed, a throttled metadata server): the job keeps its "
                         "current hosts and retries", job.job_id, message, when)
-        if not job.discovered_once:  # no hosts known to this driver yet: it cannot run the job without an answer
+        if not job.discovered_once and not self.assumed:  # no hosts known yet: it cannot run the job without them
             limit = policy.elastic_timeout_s if answered else policy.start_timeout_s
             if now - job.discovery_failing_since > limit:
                 which = "--elastic-timeout" if answered else "--start-timeout"

@@ -59,7 +59,7 @@ from cloud_elastic.driver.runtime.discovery import (
 )
 from cloud_elastic.driver.runtime.processes import WorkerProcesses
 from cloud_elastic.driver.runtime.pulse import Pulse
-from cloud_elastic.driver.runtime.startup import choose_address, first_discovery, new_job
+from cloud_elastic.driver.runtime.startup import adopted_hosts, choose_address, first_discovery, new_job
 from cloud_elastic.driver.runtime import raised
 from cloud_elastic.providers.api import DiscoveredHosts, HostDiscovery
 from cloud_elastic.records import job_dir, remove_driver_record, write_driver_record
@@ -342,7 +342,7 @@ class Driver:
                  self._endpoints.advertised, self._endpoints.control_port, self._endpoints.store_port)
         with self._cond:
             self._job.discovery.answered_before = True  # a "fatal" error now may pass: never stop what we adopt
-        first = self._first_discovery()  # the workers re-register meanwhile, on the server's thread
+        first = self._first_discovery(once=True)  # the workers re-register meanwhile, on the server's thread
         closed = window.wait(lambda: self._stop_reason is not None)
         if closed.adopted:
             self._predecessor_gone = True  # the missing ones are being stopped below, and joined at shutdown
@@ -354,6 +354,9 @@ class Driver:
             self._processes.adopt(w)
         window.fetch_exit_reports(closed.missing, self._processes.launcher_for, self._processes.adopted_spec,
                                   self.config.ssh.connect_timeout_s)
+        going_on = self._stop_reason is None and self._job.outcome is None
+        if first is None and going_on and not closed.adopted:  # nobody trains: a resume needs discovery's answer
+            first = self._first_discovery()
         if first is not None and not closed.adopted:
             log.warning("job %s: no worker of the previous driver came back; resuming as without them",
                         self.job_id)
@@ -361,8 +364,10 @@ class Driver:
         with self._cond:
             if first is not None:
                 self._job.discovered(first, self._clock())
+            elif going_on and closed.adopted:  # discovery failed: its workers train on where they are
+                self._job.discovery.assume(adopted_hosts(closed.adopted), len(closed.adopted), self._clock())
             window.close()
-        if first is not None:
+        if first is not None or (going_on and closed.adopted):
             self._start_polling()
 
     def _wait_for_predecessor(self, plan: StartPlan) -> None:
@@ -392,15 +397,16 @@ class Driver:
         adopted = self._window.record.grace_s if self._window is not None else 0.0
         return max(self.config.driver_grace_s, adopted)
 
-    def _first_discovery(self) -> DiscoveredHosts | None:
+    def _first_discovery(self, once: bool = False) -> DiscoveredHosts | None:
         """Discover until it works; transient failures are retried within --start-timeout (see :mod:`.startup`).
 
-        Returns None when the job ended meanwhile (a fatal error, the timeout, a signal). A call that hangs is
-        given up on at --start-timeout if that comes before --discovery-timeout.
+        Returns None when the job ended meanwhile (a fatal error, the timeout, a signal), or with ``once`` when
+        its one call failed. A call that hangs is given up on at --start-timeout if that comes before
+        --discovery-timeout.
         """
         return first_discovery(self._job, self._cond, self._discovery, self.config, clock=self._clock,
                                stop_reason=lambda: self._stop_reason, call_timeout_s=self._discovery_timeout_s,
-                               tick_s=_TICK_S)
+                               tick_s=_TICK_S, once=once)
 
     # --------------------------------------------------------------- the loop
     def _loop(self) -> Finish:

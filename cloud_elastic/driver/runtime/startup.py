@@ -14,18 +14,19 @@ from __future__ import annotations
 import logging
 import socket
 import time
-from typing import Callable
+from typing import Callable, Iterable
 
 from cloud_elastic.config import JobConfig
 from cloud_elastic.driver.job.elastic_job import ElasticJob, Policy
 from cloud_elastic.driver.job.hosts import Blacklist, HostManager
 from cloud_elastic.driver.launch.api import is_local_host
+from cloud_elastic.driver.restart.record import AdoptedWorker
 from cloud_elastic.driver.runtime.condition import JobCondition
 from cloud_elastic.driver.runtime.discovery import DiscoveryFailure, DiscoveryPoller
 from cloud_elastic.providers.api import DiscoveredHosts, HostDiscovery
 from cloud_elastic.providers.static import never_grows
 
-__all__ = ["new_job", "first_discovery", "choose_address"]
+__all__ = ["new_job", "first_discovery", "adopted_hosts", "choose_address"]
 
 log = logging.getLogger(__name__)
 
@@ -64,23 +65,25 @@ def new_job(config: JobConfig, discovery: HostDiscovery, job_id: str) -> Elastic
 
 def first_discovery(job: ElasticJob, cond: JobCondition, discovery: HostDiscovery, config: JobConfig, *,
                     clock: Callable[[], float], stop_reason: Callable[[], tuple[str, int] | None],
-                    call_timeout_s: float, tick_s: float) -> DiscoveredHosts | None:
+                    call_timeout_s: float, tick_s: float, once: bool = False) -> DiscoveredHosts | None:
     """Discover until it works; transient failures are retried within --start-timeout.
 
     Returns None when the job ended meanwhile (a fatal error, the timeout, a signal: ``stop_reason()`` is not
     None). A call that hangs is given up on at --start-timeout if that comes before --discovery-timeout.
+    ``once``: one call; None also when it failed and the job goes on (a restarted driver adopting its workers
+    goes on with their hosts meanwhile: ``Driver._start_adopting``).
     """
     poller = DiscoveryPoller(discovery, lambda r: None, interval_s=config.discovery_interval_s,
                              call_timeout_s=call_timeout_s)
     try:
-        return _discover_first(poller, job, cond, config, clock, stop_reason, tick_s)
+        return _discover_first(poller, job, cond, config, clock, stop_reason, tick_s, once)
     finally:
         poller.close()  # its call thread ends with the call under way, if any
 
 
 def _discover_first(poller: DiscoveryPoller, job: ElasticJob, cond: JobCondition, config: JobConfig,
                     clock: Callable[[], float], stop_reason: Callable[[], tuple[str, int] | None],
-                    tick_s: float) -> DiscoveredHosts | None:
+                    tick_s: float, once: bool) -> DiscoveredHosts | None:
     with cond:
         started, answered = clock(), job.discovery.answered_before  # then --elastic-timeout bounds it
         job.start(started, wall_now=time.time())
@@ -101,15 +104,27 @@ def _discover_first(poller: DiscoveryPoller, job: ElasticJob, cond: JobCondition
                 # Cut short by --start-timeout, not the provider's fault: the job ends on the last real failure.
                 job.discovery_failed(said, fatal=False, now=clock())
             else:
-                if result.message != said and not result.fatal:
+                if result.message != said and not result.fatal and not once:
                     said = result.message
-                    log.warning("host discovery failed: %s; retrying (up to --start-timeout %gs)",
-                                result.message, config.start_timeout_s)
+                    log.warning("host discovery failed: %s; retrying (up to %s %gs)", result.message,
+                                *(("--elastic-timeout", config.elastic_timeout_s) if answered
+                                  else ("--start-timeout", config.start_timeout_s)))
                 job.discovery_failed(result.message, fatal=result.fatal, now=clock())
+                if once:
+                    return None  # the caller says what the job does meanwhile; nothing is judged before it
             job.tick(clock())
             if job.outcome is not None:
                 return None
             cond.wait(config.discovery_interval_s)
+
+
+def adopted_hosts(workers: Iterable[AdoptedWorker]) -> DiscoveredHosts:
+    """The hosts adopted ``workers`` run on, each with the slots up to its highest worker's: what a restarted driver
+    goes on with while its discovery has not answered (``DiscoveryEdge.assume``)."""
+    slots: dict[str, int] = {}
+    for w in workers:
+        slots[w.host] = max(slots.get(w.host, 0), w.slot + 1)
+    return DiscoveredHosts(ready=slots)
 
 
 def choose_address(config: JobConfig, hosts: list[str]) -> tuple[str, str]:
