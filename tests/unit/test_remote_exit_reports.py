@@ -175,9 +175,10 @@ def test_the_restarted_driver_attaches_its_adopted_workers_before_it_fetches_the
         fetch_exit_reports=lambda missing, *args: fetched_after.append(list(attached)),
         close=lambda: None)
     driver = SimpleNamespace(
-        job_id="j", _record_for_status=lambda: None, _cond=threading.Condition(), _first_discovery=lambda: None,
+        job_id="j", _record_for_status=lambda: None, _cond=threading.Condition(),
+        _first_discovery=lambda once=False: None,  # the job ended meanwhile (its outcome below)
         _stop_reason=None, _endpoints=SimpleNamespace(advertised="h", control_port=1, store_port=2),
-        _job=SimpleNamespace(discovery=SimpleNamespace(answered_before=False)),
+        _job=SimpleNamespace(discovery=SimpleNamespace(answered_before=False), outcome="ended"),
         _processes=SimpleNamespace(stop_missing=lambda w: None, adopt=lambda w: attached.append(w.worker_id),
                                    launcher_for=None, adopted_spec=None),
         config=SimpleNamespace(ssh=SimpleNamespace(connect_timeout_s=10.0)))
