@@ -9,6 +9,9 @@ usage: _worker.py MARKER MODE [ARGS]
                   start a grandchild (same marker), print "ready <pid> <child pid>" once the child
                   carries the marker in its cmdline, sleep
   lines N         print N numbered lines, the last one without a newline
+  die-leaving-child
+                  start a grandchild that ignores SIGTERM and holds the output pipe (as "sleep --ignore-term"),
+                  print "ready <pid> <child pid>" and an error line, die of SIGKILL
 """
 
 from __future__ import annotations
@@ -49,9 +52,8 @@ def _cmdline(pid: int) -> bytes:
         return b""
 
 
-def sleep(marker: str, ignore_term: bool) -> None:
-    if ignore_term:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+def _child(marker: str, ignore_term: bool) -> int:
+    """Start a grandchild that sleeps (with the marker, inheriting stdout and stderr); its pid once it carries it."""
     code = "import signal, time\n"
     if ignore_term:
         code += "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
@@ -63,7 +65,13 @@ def sleep(marker: str, ignore_term: bool) -> None:
     deadline = time.monotonic() + 10
     while marker.encode() not in _cmdline(child.pid) and time.monotonic() < deadline:
         time.sleep(0.005)
-    print(f"ready {os.getpid()} {child.pid}", flush=True)
+    return child.pid
+
+
+def sleep(marker: str, ignore_term: bool) -> None:
+    if ignore_term:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    print(f"ready {os.getpid()} {_child(marker, ignore_term)}", flush=True)
     time.sleep(3600)
 
 
@@ -81,6 +89,11 @@ def main(argv: list[str]) -> None:
         time.sleep(10)
     elif mode == "sleep":
         sleep(marker, "--ignore-term" in args)
+    elif mode == "die-leaving-child":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # inherited through exec: ignored from the child's start
+        print(f"ready {os.getpid()} {_child(marker, True)}", flush=True)
+        print("RuntimeError: the worker's last words", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
     elif mode == "lines":
         n = int(args[0])
         for i in range(n - 1):

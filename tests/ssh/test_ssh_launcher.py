@@ -109,6 +109,30 @@ def test_worker_signal_death_passes_through(launcher, marker, sig):
     assert status.describe == f"killed by signal {int(sig)}"
 
 
+def test_a_worker_killed_while_a_child_it_left_holds_its_output_is_told_ended_with_its_last_words(sshd, marker):
+    """fixS: a worker killed with SIGKILL (the OOM killer, kill -9) whose child still held its output, and would
+    not die of the wrapper's TERM (or had left its group), was told ended only once the wrapper had stopped that
+    child (the grace, 5 s) or its pipe's wait ran out (5 s): past the driver's heartbeat timeout, so it was judged
+    "stopped answering heartbeats", and the survivors stood idle that long. Its end is told once what it wrote is
+    forwarded, its last line first; the wrapper stops the child after. The grace is raised so that waiting for that
+    stop would fail the test rather than pass after it."""
+    with SSHLauncher(sshd.config, disconnect_grace_s=600.0) as launcher:
+        proc, out = start(launcher, REMOTE, marker, "die-leaving-child")
+        try:
+            status = wait_exit(proc, 30)
+            lines = list(out.lines)  # what the driver judges the end with
+            worker, child = _ready(out)
+            assert (status.code, status.transport_error) == (-signal.SIGKILL, None), status
+            assert lines[-1] == "RuntimeError: the worker's last words", lines
+            assert child in {p.pid for p in processes_with(marker)}, "the child was gone: nothing held the output"
+            assert worker not in {p.pid for p in processes_with(marker)}
+        finally:  # the wrapper waits to KILL the child after the grace: end it here, and the wrapper ends too
+            for left in processes_with(marker, cmdline_only=True):
+                if "SIG_IGN" in left.cmdline:
+                    os.kill(left.pid, signal.SIGKILL)
+        wait_gone(marker, 10)
+
+
 def test_missing_working_directory_is_reported(launcher, marker):
     proc, out = start(launcher, REMOTE, marker, "report", cwd="/nonexistent/" + marker)
     status = wait_exit(proc)

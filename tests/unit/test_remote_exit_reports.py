@@ -15,7 +15,7 @@ import pytest
 
 from cloud_elastic.driver.job.exit_status import ExitStatus
 from cloud_elastic.driver.launch import ssh_remote, ssh_wire
-from cloud_elastic.driver.launch.ssh import SSHWorkerProcess
+from cloud_elastic.driver.launch.ssh_setup import exit_status
 from cloud_elastic.driver.restart.record import AdoptedWorker, parse_exit_report
 from cloud_elastic.driver.restart.remote_reports import _run_bounded, parse_answer
 from cloud_elastic.driver.restart.window import WindowClosed
@@ -158,9 +158,7 @@ def test_a_worker_that_ended_before_the_restarted_driver_attached_has_the_code_i
     """It used to be 'exited with code 1' whatever its report on the host said (0 after a good final save): the
     restarted job failed. No readable report: unknown (the job then goes by what the worker said), never 1 or 0."""
     assert _attach_finds_none(tmp_path, report) == marker
-    proc = SSHWorkerProcess.__new__(SSHWorkerProcess)  # only its reading of the marker line
-    proc._marker = marker
-    assert proc._exit_status(1) == status
+    assert exit_status(1, marker, False, [], str, 30.0) == status  # the SSH launcher's reading of the marker line
 
 
 def test_the_restarted_driver_attaches_its_adopted_workers_before_it_fetches_the_reports_of_the_others() -> None:

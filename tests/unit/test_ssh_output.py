@@ -82,3 +82,35 @@ def test_frames_cut_anywhere_come_out_whole_and_in_order():
         buffer += stream[i:i + 1]
         got += unframe(buffer)
     assert got == [(OUT, b"a" * 10), (ERR, b"marker\n"), (OUT, b"")] and not buffer
+
+
+def test_the_workers_output_is_forwarded_while_a_child_it_left_still_holds_the_pipe():
+    """fixS: the wrapper sent the worker's status only at its output pipe's end (or 5 s on), which a child the
+    worker left holds off for as long as it lives. ``forwarded`` says when the bytes in the pipe have gone out and
+    sshd has read them from the first connection, the pipe's end or not; the test holds the pipe's write end open
+    as that child would, and a wait for its end would run into the test's timeout (600 s bound here)."""
+    worker_r, worker_w = os.pipe()
+    first_r, first_w = os.pipe()
+    pump = OutputPump(worker_r, first_w)
+    pump.start()
+    try:
+        os.write(worker_w, b"x" * 1000 + b"\nthe worker's last words\n")
+        assert not pump.forwarded(0.3)  # sshd has not read them yet: the worker's status would overtake them
+        got = b""
+        while not got.endswith(b"the worker's last words\n"):
+            got += os.read(first_r, 65536)
+        assert pump.forwarded(600.0)
+        ours, theirs = socket.socketpair()  # a driver that attached: its frames are not waited for
+        pump.attach(ours)
+        os.write(worker_w, b"a child's line\n")
+        assert _received(theirs, b"a child's line\n") == b"a child's line\n"
+        assert pump.forwarded(600.0)
+        pump.close_conns([ours], b"CLOUD_ELASTIC_EXIT n -9 -\n")
+        buffer = bytearray()
+        theirs.settimeout(10)
+        while data := theirs.recv(65536):
+            buffer += data
+        assert unframe(buffer) == [(ERR, b"CLOUD_ELASTIC_EXIT n -9 -\n")]
+    finally:
+        os.close(worker_w)
+        pump.join(10)

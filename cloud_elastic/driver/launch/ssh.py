@@ -15,8 +15,10 @@ The remote login shell runs ``python3 -m cloud_elastic.driver.launch.ssh_remote`
    the local ssh died, the connection dropped), a ``KILL`` or ``TERM <grace>``
    line, a missing keepalive, or a TERM/HUP/INT to the wrapper itself stops the
    worker's *whole process group*: TERM, then KILL after the grace;
-4. when the worker ends, stops whatever is left in its group and reports the
-   worker's exact status (``-N`` for signal N) on a marker line on stderr.
+4. when the worker ends and its output is out, reports the worker's exact status
+   (``-N`` for signal N) on a marker line on stderr, then stops whatever is left
+   in its group. ``poll()`` tells the exit at that line once the output before it is
+   forwarded, not when ssh ends: a child the worker left may keep the wrapper busy.
 
 So ``ExitStatus.code`` is the worker's own status, and ``transport_error`` is
 set only when ssh itself failed (exit 255 without a marker, classified from
@@ -55,12 +57,12 @@ from cloud_elastic.config import ENV_NAME, SSH_OPTION, SSHConfig
 from cloud_elastic.driver.launch.known_hosts import JobKnownHosts
 from cloud_elastic.driver.launch.api import ExitStatus, OutputSink, WorkerSpec
 from cloud_elastic.driver.launch.local import forward_lines
-from cloud_elastic.driver.launch.ssh_remote import (REASON_GONE, REASON_GONE_UNKNOWN, REASON_KEEPALIVE, SECRET_ENV,
-                                                    WrapperArgs, parse_marker, wrapper_argv)
+from cloud_elastic.driver.launch.ssh_output import pending_bytes
+from cloud_elastic.driver.launch.ssh_remote import SECRET_ENV, WrapperArgs, parse_marker, wrapper_argv
 from cloud_elastic.driver.launch.ssh_setup import (MAX_SETUPS_PER_HOST, SETUP_HOLD_S, SETUP_RETRIES, ConnectionLines,
-                                                   HostGate, classify, env_line, is_noise, is_started,
+                                                   HostGate, env_line, exit_status, is_noise, is_started,
                                                    refusal, refused_before_key_exchange, remote_prefix, retry_delay,
-                                                   ssh_argv, ssh_environ, wants_job_known_hosts, wrapper_failure)
+                                                   ssh_argv, ssh_environ, transport_error, wants_job_known_hosts)
 from cloud_elastic.errors import ConfigError, LaunchError, SSHError
 
 __all__ = ["SSHLauncher", "SSHWorkerProcess", "SECRET_ENV"]
@@ -219,7 +221,7 @@ class SSHLauncher:
         """Start ``proc`` and keep it among the live workers (the keepalive thread starts with the first)."""
         proc.start()
         with self._lock:
-            self._live = [p for p in self._live if p.poll() is None] + [proc]
+            self._live = [p for p in self._live if p.connected()] + [proc]
             if self._keepalive is None and self._keepalive_timeout_s:
                 self._keepalive = threading.Thread(target=self._keepalive_loop, name="ssh-keepalive", daemon=True)
                 self._keepalive.start()
@@ -259,7 +261,7 @@ class SSHLauncher:
     def _keepalive_loop(self) -> None:
         while not self._closed.wait(self._keepalive_interval_s):
             with self._lock:
-                self._live = [p for p in self._live if p.poll() is None]
+                self._live = [p for p in self._live if p.connected()]
                 live = list(self._live)
             for proc in live:
                 proc.send_keepalive()
@@ -300,6 +302,8 @@ class SSHWorkerProcess:
         self._lock = threading.RLock()
         self._proc: subprocess.Popen[bytes] | None = None
         self._readers: list[threading.Thread] = []
+        self._idle = threading.Event()  # the stdout reader waits in a read, all it read forwarded
+        self._stdout_fd = -1
         self._lines = ConnectionLines(self._forward)  # ssh's stderr: held back until the connection is set up
         self._marker: tuple[int, str] | None = None
         self._stdin_fd: int | None = None
@@ -375,11 +379,11 @@ class SSHWorkerProcess:
             except OSError as exc:
                 self._status = ExitStatus(255, self._transport(f"cannot start the ssh client: {exc}"))
                 return False
-            self._stdin_fd = self._proc.stdin.fileno()
+            self._stdin_fd, self._stdout_fd = self._proc.stdin.fileno(), self._proc.stdout.fileno()
             os.set_blocking(self._stdin_fd, False)
             self._write(self._preamble)
             self._readers = [threading.Thread(target=forward_lines, args=(self._proc.stdout, self._on_stdout),
-                                              kwargs={"on_first_data": self._on_first_stdout},
+                                              kwargs={"on_first_data": self._on_first_stdout, "idle": self._idle},
                                               name=f"ssh-out-{self.spec.worker_id}", daemon=True),
                              threading.Thread(target=self._read_stderr, args=(self._proc.stderr,),
                                               name=f"ssh-err-{self.spec.worker_id}", daemon=True)]
@@ -406,26 +410,40 @@ class SSHWorkerProcess:
         finally:
             self._lines.end()
             self._progress.set()
+            self._close_stdin()  # ssh is ending: poll() may have told the worker's end already (at its marker)
 
     def poll(self) -> ExitStatus | None:
-        """The exit status once ssh has ended and its output is drained, else ``None``. Never blocks."""
+        """The exit status once the wrapper's marker said it and the output before it is forwarded (or ssh has ended
+        and its output is drained), within :data:`_DRAIN_WAIT_S`; else ``None``. Never blocks."""
         setting_up = self._setting_up
         if self._status is not None or self._proc is None or setting_up is None or setting_up.is_alive():
             return self._status
         rc = self._proc.poll()
-        if rc is None:
+        if rc is None and self._marker is None:
             return None
         with self._lock:
             if self._status is not None:
                 return self._status
             now = time.monotonic()
             self._exited_at = self._exited_at or now
-            if any(r.is_alive() for r in self._readers) and now - self._exited_at < _DRAIN_WAIT_S:
+            held = self._behind() if rc is None else any(r.is_alive() for r in self._readers)
+            if held and now - self._exited_at < _DRAIN_WAIT_S:
                 return None
-            self._close_stdin()
-            self._status = self._exit_status(rc)
+            if rc is not None:
+                self._close_stdin()
+            self._status = exit_status(rc, self._marker, self._stopping, self._lines.tail, self._transport,
+                                       self._keepalive_timeout_s)
         logger.debug("worker %s on %s ended: %s", self.spec.worker_id, self._destination, self._status.describe)
         return self._status
+
+    def connected(self) -> bool:
+        """Whether its ssh runs or may yet (keepalives go on while the wrapper stops what a reported worker left)."""
+        return self.poll() is None or (self._proc is not None and self._proc.poll() is None)
+
+    def _behind(self) -> bool:
+        """Whether output is still to forward: read and not forwarded, or in ssh's stdout pipe (as a local worker's)."""
+        reader = self._readers[0] if self._readers else None
+        return bool(reader and reader.is_alive() and (not self._idle.is_set() or pending_bytes(self._stdout_fd)))
 
     def terminate(self, grace_s: float = 5.0) -> None:
         """TERM the remote process group, KILL it after ``grace_s``; then end the local ssh.
@@ -568,27 +586,6 @@ class SSHWorkerProcess:
         except Exception:  # a broken sink must not stop draining, or the worker blocks on a full pipe
             logger.exception("output callback failed for worker %s", self.spec.worker_id)
 
-    def _exit_status(self, rc: int) -> ExitStatus:
-        if self._marker is not None:
-            code, reason = self._marker
-            if reason == REASON_GONE:
-                return ExitStatus(code)  # ended while no driver watched: the code its exit report on the host says
-            if reason == REASON_GONE_UNKNOWN:
-                return ExitStatus(1, known=False)  # ... and left none that says one: the worker may have said it
-            if reason == REASON_KEEPALIVE:
-                return ExitStatus(code, self._transport(
-                    f"the connection went silent for {self._keepalive_timeout_s:g}s and the remote watchdog "
-                    "stopped the worker"))
-            return ExitStatus(code)
-        if rc == 255:
-            return ExitStatus(rc, self._transport(classify(self._lines.tail)))
-        if rc < 0 and not self._stopping:
-            return ExitStatus(rc, self._transport(f"the local ssh client was killed by signal {-rc}"))
-        if not self._stopping:
-            # No marker and not stopped by us: the wrapper ended before it could start the worker.
-            return ExitStatus(rc, self._transport(wrapper_failure(rc, self._lines.tail)))
-        return ExitStatus(rc)
-
     def _transport(self, what: str) -> str:
-        return f"SSH failure on {self._destination} (not a worker failure): {what}"
+        return transport_error(self._destination, what)
 

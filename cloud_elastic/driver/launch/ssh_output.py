@@ -15,6 +15,10 @@ The worker's standard output and error are a pipe to its wrapper, and :class:`Ou
   own standard output (the worker's output) and error (the wrapper's marker line), so the restarted driver
   reads them as it reads a worker it started. When that driver dies in turn, output is kept again for the next.
 
+When the worker ends, its status goes once what it wrote has gone where it goes (:meth:`OutputPump.forwarded`), not at
+the pipe's end: a child it left (DataLoader workers, a helper in a session of its own) may hold that off for as long as
+it lives. What such a child writes later still goes where the output goes, until the wrapper ends.
+
 Every send is made by the pump's thread, so nothing is duplicated or reordered across a switch. What was in
 flight when a driver died is lost with it: what it had not shown yet (in its pipe, its ssh, the connection) and
 what the pump sent in the moment before it learnt of the death. Nothing says which of it the driver showed, so
@@ -23,13 +27,17 @@ sending it again could show lines twice.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import select
 import socket
 import struct
+import termios
 import threading
+import time
 
-__all__ = ["ERR", "KEEP_BYTES", "OUT", "OutputPump", "dropped_line", "frame", "relay_frames", "unframe"]
+__all__ = ["ERR", "KEEP_BYTES", "OUT", "OutputPump", "dropped_line", "frame", "pending_bytes", "relay_frames",
+           "unframe"]
 
 #: The newest output kept while no driver reads it (as a local worker keeps it: ``worker.link.kept_output``).
 KEEP_BYTES = 1 << 20
@@ -37,6 +45,14 @@ KEEP_BYTES = 1 << 20
 OUT, ERR = b"O", b"E"
 _HEADER = struct.Struct(">cI")
 _CHUNK = 64 * 1024
+
+
+def pending_bytes(fd: int) -> int:
+    """How many bytes wait in pipe ``fd`` (either end) to be read; 0 for what cannot say (a closed descriptor)."""
+    try:
+        return struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0]
+    except OSError:
+        return 0
 
 
 def frame(kind: bytes, data: bytes) -> bytes:
@@ -82,6 +98,7 @@ class OutputPump:
         self._kept = bytearray()
         self._dropped = 0
         self._wake_r, self._wake_w = os.pipe()
+        self._idle = threading.Event()  # set while the pump waits, all it read sent
         self._thread = threading.Thread(target=self._run, name="output", daemon=True)
 
     def start(self) -> None:
@@ -90,6 +107,20 @@ class OutputPump:
     def join(self, timeout_s: float) -> None:
         """Wait (up to ``timeout_s``) until the worker's output ended and went where it goes."""
         self._thread.join(timeout_s)
+
+    def forwarded(self, timeout_s: float) -> bool:
+        """Wait (up to ``timeout_s``) until the bytes in the worker's pipe have gone where they go, and sshd has read
+        those written to the first connection (so they travel before a line the wrapper writes next on stderr).
+        Not until the pipe's end: a child the worker left may hold it. Whether they have (the output ended too)."""
+        deadline = time.monotonic() + timeout_s
+        while self._thread.is_alive():
+            out = self._out
+            if self._idle.is_set() and not pending_bytes(self._pipe) and (out is None or not pending_bytes(out)):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.005)
+        return True
 
     def attach(self, conn: socket.socket) -> None:
         """A restarted driver attached on ``conn``: it gets the kept output, then the live output."""
@@ -119,7 +150,9 @@ class OutputPump:
     def _run(self) -> None:
         try:
             while True:
+                self._idle.set()
                 ready = select.select([self._pipe, self._wake_r], [], [])[0]
+                self._idle.clear()
                 if self._wake_r in ready:
                     os.read(self._wake_r, 4096)
                     self._switch()
@@ -189,15 +222,21 @@ class OutputPump:
         self._dropped += cut
         del self._kept[:cut]
 
-    def close_conns(self, conns: list[socket.socket], line: bytes) -> None:
-        """At the end: ``line`` (the marker) to each of ``conns`` as the wrapper's words, then close them."""
+    def tell(self, conns: list[socket.socket], line: bytes) -> None:
+        """``line`` (the marker) to each of ``conns`` as the wrapper's words; the worker's output may follow."""
         with self._sending:
             for conn in conns:
                 try:
                     conn.sendall(frame(ERR, line))
-                    conn.close()
                 except OSError:
                     pass
+
+    def close_conns(self, conns: list[socket.socket], line: bytes) -> None:
+        """At the end: ``line`` (the marker) to each of ``conns`` (none: they were told), then close them."""
+        if line:
+            self.tell(conns, line)
+        for conn in conns:
+            conn.close()
 
 
 def relay_frames(conn: socket.socket) -> None:

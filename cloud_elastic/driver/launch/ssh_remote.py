@@ -25,8 +25,9 @@ One wrapper per worker, started by :class:`~cloud_elastic.driver.launch.ssh.SSHL
    driver grace (``CLOUD_ELASTIC_DRIVER_GRACE_S`` in the worker's variables, as the driver passes it to workers)
    and normally exits by itself at its end; the wrapper stops its group a margin later (:data:`GRACE_MARGIN_S`), so
    nothing outlives a lost driver for long. Keepalive lines that resume within the grace cancel it;
-4. when the worker ends, stops whatever is left in its group and writes the worker's exact status on a marker line
-   on stderr (:func:`marker_line`), which the launcher parses (:func:`parse_marker`) and removes from the output;
+4. when the worker ends, writes its exact status on a marker line on stderr (:func:`marker_line`), which the launcher
+   parses (:func:`parse_marker`) and removes from the output, as soon as the worker's own output is out (not at its
+   pipe's end, which a child it left may hold off), then stops whatever is left in its group and exits;
 5. listens on a Unix socket private to the user (:func:`control_path`, in a 0700 directory), so that a driver
    restarted within the grace can adopt the worker through a fresh ssh connection running ``--attach NONCE``: that
    process relays its stdin to the wrapper (keepalives, ``KILL``, ``TERM``: the same watchdog, and any data from it
@@ -79,7 +80,8 @@ __all__ = ["SECRET_ENV", "SECRET_FD_ENV", "secret_pipe", "secret_fd_value", "MAR
            "die_with_parent"]
 
 _POLL_S = 0.5
-#: At the worker's end, how long its output (a child of it may hold the pipe) may take before its status is sent.
+#: At the worker's end, how long its output may take to go out before its status is sent anyway; and after the stop
+#: of what it left in its group, how long a child of it that still holds its pipe may print on.
 _DRAIN_S = 5.0
 #: After the driver grace, what the worker may still spend on rank 0's last checkpoint before the wrapper stops it.
 GRACE_MARGIN_S = 15.0
@@ -320,9 +322,7 @@ class Wrapper:
         threading.Thread(target=self._watch, name="watchdog", daemon=True).start()
         for signum in self._early_signals:
             self._on_signal(signum, None)
-        status = proc.wait()
-        self.stop(self._args.grace_s)  # whatever the worker left behind in its group
-        self._done(status, self._reason)
+        self._done(proc.wait(), self._reason)
 
     def stop(self, grace_s: float) -> None:
         """TERM the worker's group, KILL it after ``grace_s`` (at once if 0); return when it is empty."""
@@ -477,21 +477,25 @@ class Wrapper:
         return data[:-1].decode()
 
     def _done(self, status: int, reason: str) -> None:
+        """The worker ended with ``status``: say so once its own output is out, then stop what it left in its group
+        (TERM, KILL after the grace) and exit. Its status waits neither for that stop nor for its pipe's end (a
+        child it left may hold it): a kill -9 was told 4.8 s late, past the driver's heartbeat timeout (fixS)."""
         if self._pgid is not None:
             complete_report(self._args.nonce, status)  # before the marker: a driver it reaches may be gone next
-        line = marker_line(self._args.nonce, status, reason) + "\n"
+        line, told = marker_line(self._args.nonce, status, reason) + "\n", []
         if self._pump is not None:
-            self._pump.join(_DRAIN_S)  # the worker's last output goes before its status
-        _say(line, raw=True)
+            self._pump.forwarded(_DRAIN_S)  # the worker's last output goes before its status
+            told = list(self._attached)  # not under the lock: the watch thread may hold it, stopping the group
+            _say(line, raw=True)
+            self._pump.tell(told, line.encode())
+            self.stop(self._args.grace_s)  # whatever the worker left behind in its group
+            self._pump.join(_DRAIN_S)  # what it printed meanwhile, shown after the worker's end
+        else:
+            _say(line, raw=True)  # the worker never started: no watch thread, no attached driver
         with self._lock:
             if self._pump is not None:
-                self._pump.close_conns(self._attached, line.encode())
-            for conn in self._attached if self._pump is None else ():
-                try:
-                    conn.sendall(line.encode())
-                    conn.close()
-                except OSError:
-                    pass
+                self._pump.close_conns(told, b"")
+                self._pump.close_conns([c for c in self._attached if c not in told], line.encode())
         if self._socket_path is not None:
             try:
                 os.unlink(self._socket_path)

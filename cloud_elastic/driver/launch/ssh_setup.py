@@ -32,13 +32,13 @@ from collections import deque
 from typing import Callable, Mapping
 
 from cloud_elastic.config import SSH_OPTION, SSHConfig
-from cloud_elastic.driver.launch.api import WorkerSpec
-from cloud_elastic.driver.launch.ssh_remote import MODULE, STARTED
+from cloud_elastic.driver.launch.api import ExitStatus, WorkerSpec
+from cloud_elastic.driver.launch.ssh_remote import MODULE, REASON_GONE_UNKNOWN, REASON_KEEPALIVE, STARTED
 
 __all__ = ["MAX_SETUPS_PER_HOST", "OLD_WRAPPER_HOLD_S", "SETUP_HOLD_S", "SETUP_RETRIES", "ConnectionLines",
-           "HostGate", "classify", "env_line", "is_noise", "is_started", "option_key", "refusal",
+           "HostGate", "classify", "env_line", "exit_status", "is_noise", "is_started", "option_key", "refusal",
            "refused_before_key_exchange", "remote_prefix", "retry_delay", "ssh_argv", "ssh_environ", "ssh_path",
-           "wants_job_known_hosts", "wrapper_failure"]
+           "transport_error", "wants_job_known_hosts", "wrapper_failure"]
 
 #: Connections to one host being set up at once: below sshd's default MaxStartups (10), leaving room for others.
 MAX_SETUPS_PER_HOST = 8
@@ -267,6 +267,35 @@ def classify(stderr_tail: deque[str] | list[str]) -> str:
         if needle in text:
             return f"{what} (ssh said: {last})"
     return f"ssh exited with 255 (ssh said: {last})"
+
+
+def transport_error(destination: str, what: str) -> str:
+    """The ``transport_error`` of a worker that ssh's failure ended, not the worker itself: ``what`` happened."""
+    return f"SSH failure on {destination} (not a worker failure): {what}"
+
+
+def exit_status(rc: int | None, marker: tuple[int, str] | None, stopping: bool, stderr_tail: deque[str] | list[str],
+                transport: Callable[[str], str], keepalive_timeout_s: float) -> ExitStatus:
+    """A worker's end: the exact status its wrapper's ``marker`` says (``rc`` None: ssh still runs, the wrapper stops
+    what the worker left), else ssh's exit code ``rc``, an SSH failure (``transport`` names it, with ssh's
+    ``stderr_tail``) unless the driver was ``stopping`` the worker."""
+    if marker is not None:
+        code, reason = marker
+        if reason == REASON_GONE_UNKNOWN:  # ended while no driver watched, and left no exit report that says a code
+            return ExitStatus(1, known=False)  # (reason "gone": the code its exit report on the host says)
+        if reason == REASON_KEEPALIVE:
+            return ExitStatus(code, transport(f"the connection went silent for {keepalive_timeout_s:g}s and the "
+                                              "remote watchdog stopped the worker"))
+        return ExitStatus(code)
+    rc = 255 if rc is None else rc  # not called so: without a marker, ssh has ended
+    if rc == 255:
+        return ExitStatus(rc, transport(classify(stderr_tail)))
+    if rc < 0 and not stopping:
+        return ExitStatus(rc, transport(f"the local ssh client was killed by signal {-rc}"))
+    if not stopping:
+        # No marker and not stopped by us: the wrapper ended before it could start the worker.
+        return ExitStatus(rc, transport(wrapper_failure(rc, stderr_tail)))
+    return ExitStatus(rc)
 
 
 def wants_job_known_hosts(extra_options: tuple[str, ...] | list[str]) -> bool:
