@@ -11,7 +11,7 @@ import torch
 
 from cloud_elastic.worker.comm import followers
 from cloud_elastic.worker.comm.ops import Average, Max, Min, Product, Sum
-from cloud_elastic.worker.commit.follow import PACE_EVERY, _refusal, _tensor, pace_word, plan
+from cloud_elastic.worker.commit.follow import PACE_EVERY, Window, _refusal, _tensor, at_commit, pace_word, plan, quiet
 from cloud_elastic.worker.commit.handlers import ModelHandler, OptimizerHandler
 
 
@@ -156,3 +156,20 @@ def test_the_pace_is_said_every_few_commits_and_the_window_still_ends_within_its
 def test_once_the_time_is_up_everything_left_moves_at_the_next_commit():
     assert pace_word(50, 10, 31.0, 30.0, 0.1) == (50, 1)
     assert pace_word(50, 0, 0.0, 30.0, 0.0) == (1, 1)  # no interval known: said again at the next commit
+
+
+@pytest.mark.parametrize("interval, skips", [(None, False), (0.004, True), (10.0, True), (10.1, False)])
+def test_the_switching_commit_moves_no_piece_while_one_commit_more_keeps_the_window_within_its_bound(interval, skips):
+    """Rank 0's word (``follow.quiet``): the switching step already carries the rendezvous, the small parts and
+    the newcomer's first step with the running workers waiting, so its commit moves nothing, unless three of
+    rank 0's commits (that one, one with the pieces, the check's) would outlast the window's bound (30 s)."""
+    assert quiet(_rank0(3, 2, interval)) == skips
+
+
+def test_a_quiet_commit_moves_nothing_and_the_next_one_moves_the_first_pieces():
+    state, _, _ = _state()
+    ctx = _rank0(3, 2)
+    ctx.following = window = Window(2, [2], 3, 5, plan(state, 10_000), quiet=True)
+    at_commit(ctx, state)  # the switching commit: no collective (none could run here), nothing sent
+    assert (window.boundary, window.bytes, window.quiet, window.digests) == (0, 0, False, [])
+    assert ctx.following is window  # the window goes on; the next commit sends its first pieces

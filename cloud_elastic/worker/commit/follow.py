@@ -16,7 +16,9 @@ round as *followers*:
   records batches as the active members do (``comm.followers.data_shard``): its samples
   are not trained, and not counted as processed either; the window's effective
   batch is the one before the admission;
-* at each commit (:func:`at_commit`, after the membership check) the holders
+* at each commit (:func:`at_commit`, after the membership check; from the
+  second of the window where rank 0's commit interval allows, :func:`quiet`, so
+  that the switching step carries no piece) the holders
   send it the next pieces of the committed state, at most
   ``CLOUD_ELASTIC_FOLLOW_MB`` (4 MB) per commit, or several commits' pieces at
   once where the window would otherwise outlast ``CLOUD_ELASTIC_FOLLOW_WINDOW_S``
@@ -88,7 +90,8 @@ from cloud_elastic.worker.commit.handlers import ModelHandler, OptimizerHandler,
 from cloud_elastic.worker.exceptions import HostsUpdatedInterrupt
 from cloud_elastic.worker.comm.followers import current
 
-__all__ = ["FollowerActivated", "Window", "plan", "decide", "start", "at_commit", "complete", "shed", "pace_word"]
+__all__ = ["FollowerActivated", "Window", "plan", "decide", "quiet", "start", "at_commit", "complete", "shed",
+           "pace_word"]
 
 log = logging.getLogger(__name__)
 
@@ -140,6 +143,8 @@ class Window:
     decide_at: int = 0
     #: On rank 0, the seconds between its last two commits before the window: its pace until it has one of its own.
     interval: float = 0.0
+    #: Rank 0's word (:func:`quiet`): the switching step's commit moves no pieces; they start at the next one.
+    quiet: bool = False
 
     @property
     def active(self) -> int:
@@ -332,7 +337,19 @@ def decide(ctx: Any, state: Any, receivers: list[int], root_seq: int | None, fre
     return list(receivers)
 
 
-def start(ctx: Any, state: Any, followers: list[int], skeletons: list[Any], seq: int | None) -> None:
+def quiet(ctx: Any) -> bool:
+    """On rank 0, with followers: whether the window's first commit, the one that ends the switching step, moves no
+    pieces (they start at the next commit). That step already carries the rendezvous, the sync's small parts and
+    the newcomer's first step, with the running workers waiting; a piece there made it the admission's longest
+    gap (2.5-5 ms more at the benchmark's small model, issue 41's stall). Only while a commit more still keeps
+    the window within ``CLOUD_ELASTIC_FOLLOW_WINDOW_S`` at rank 0's commit interval (the skipped commit, one
+    with the pieces and the check's); a script that commits rarely moves them at once, as before."""
+    interval = getattr(ctx.ledger, "commit_interval", None)
+    return interval is not None and 3 * interval <= ctx.settings.follow_window_s
+
+
+def start(ctx: Any, state: Any, followers: list[int], skeletons: list[Any], seq: int | None,
+          quiet_first: bool = False) -> None:
     """Every member, in the admitting sync once the small parts came: open the window. A follower builds its
     optimizers' state from rank 0's skeletons (zeros whose memory is touched as the pieces arrive)."""
     info = ctx.info
@@ -343,7 +360,8 @@ def start(ctx: Any, state: Any, followers: list[int], skeletons: list[Any], seq:
             tensors = allocate(shape, "optimizer state", state_limit(opt), zeroed=True)
             opt.load_state_dict(_join_tensors(shape, tensors))
     window = Window(info.round, list(followers), info.size, seq, plan(state, ctx.settings.follow_bytes),
-                    opened=time.monotonic(), interval=getattr(ctx.ledger, "commit_interval", None) or 0.0)
+                    opened=time.monotonic(), interval=getattr(ctx.ledger, "commit_interval", None) or 0.0,
+                    quiet=quiet_first)
     if info.rank in followers:
         _index(state, window)
     ctx.following = window
@@ -437,6 +455,9 @@ def at_commit(ctx: Any, state: Any) -> None:
     """Every member, after a commit's membership check: send the next pieces, or end the window."""
     window = current(ctx)
     if window is None:
+        return
+    if window.quiet:  # the switching step's commit (see :func:`quiet`): the pieces start at the next one
+        window.quiet = False
         return
     follower = ctx.info.rank in window.followers
     with torch.no_grad():
