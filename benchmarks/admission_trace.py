@@ -49,7 +49,7 @@ TARGETS = [
     ("cloud_elastic.worker.comm.heal", "Heal.buffers", "model buffers"),
     ("cloud_elastic.worker.commit.follow", "_digest", "piece digest"),
     ("cloud_elastic.worker.commit.follow", "fingerprint", "fingerprint (window end)"),
-    ("cloud_elastic.worker.comm.collectives", "allgather", "activation allgather"),
+    ("cloud_elastic.worker.commit.follow", "_gather", "activation allgather"),
     ("cloud_elastic.worker.commit.follow", "_resave", "follower re-saves"),
 ]
 

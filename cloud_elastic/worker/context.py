@@ -295,6 +295,8 @@ class WorkerContext(NextGroupMixin, DriverLinkMixin, RoundGroupsMixin, ExitingMi
         self._store = dist.TCPStore(host, int(port), None, False, timeout=timedelta(seconds=self.collective_timeout_s))
         self._control_peers = _resolved(self.settings.driver_address) | _resolved(self.settings.store_address)
         _preload_lazy_modules()
+        if self.backend == "gloo":
+            _warm_up_a_step()
         self._check_device()
 
     def _first_rendezvous(self) -> None:
@@ -471,6 +473,33 @@ def _preload_lazy_modules() -> None:
         import torch._dynamo  # noqa: F401
     except ImportError:  # a build without dynamo has nothing to preload
         pass
+
+
+def _warm_up_a_step() -> None:
+    """One tiny training step on the CPU, on this (the script's) thread, before joining (Gloo only: on a GPU the
+    first step's cost is the device's, and autograd's first backward starts a thread per GPU, which a process
+    that forks afterwards, the forkserver, must not have).
+
+    A process's first forward, backward and optimizer step set up what later ones reuse (autograd's
+    graph machinery, the optimizer's kernels, the allocator's first blocks): the first step of the
+    benchmark's small model cost 4 ms against 1 ms. A worker joining a running job takes that first
+    step at its admission, with the running workers waiting for it in the first allreduce (issue 41:
+    the admission's stall). Built from constants, it draws no random numbers (the script's seeded
+    stream stays its own) and leaves nothing behind.
+    """
+    try:
+        with torch.enable_grad():  # an init() inside the script's no_grad() (its mode is restored on the way out)
+            w = torch.full((8, 8), 0.01, requires_grad=True)
+            b = torch.zeros(8, requires_grad=True)
+            opt = torch.optim.SGD([w, b], lr=0.1, momentum=0.9)
+            for _ in range(2):
+                x = torch.nn.functional.relu(torch.nn.functional.linear(torch.ones(4, 8), w, b))
+                loss = torch.nn.functional.mse_loss(torch.nn.functional.linear(x, w, b), torch.zeros(4, 8))
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+    except Exception as exc:  # a speed-up only: never a reason not to join
+        log.debug("the warm-up step failed: %s", exc)
 
 
 _CONTEXT: WorkerContext | None = None

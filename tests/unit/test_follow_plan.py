@@ -11,7 +11,7 @@ import torch
 
 from cloud_elastic.worker.comm import followers
 from cloud_elastic.worker.comm.ops import Average, Max, Min, Product, Sum
-from cloud_elastic.worker.commit.follow import _refusal, _tensor, plan
+from cloud_elastic.worker.commit.follow import PACE_EVERY, Window, _refusal, _tensor, at_commit, pace_word, plan, quiet
 from cloud_elastic.worker.commit.handlers import ModelHandler, OptimizerHandler
 
 
@@ -121,3 +121,55 @@ def _rss() -> int:
 def test_a_script_whose_two_commits_outlast_the_window_bound_gets_the_whole_sync(interval, follows):
     why = _refusal(_rank0(3, 2, interval), SimpleNamespace(_handlers={}), [2], 5, [2])
     assert ("a window of two commits would outlast CLOUD_ELASTIC_FOLLOW_WINDOW_S=30 s" in why) != follows, why
+
+
+def _window(planned: int, bound: float, interval, before: float) -> tuple[float, int, int]:
+    """A window of ``planned`` commits as ``follow.at_commit`` runs it, commits ``interval(t)`` seconds apart:
+    (when its check's commit comes, the commits it took, how many words rank 0 said on the pace)."""
+    left, done, decide_at, pace, words, t = planned, 0, 0, 1, 0, 0.0
+    while done < left:
+        if left - done > 1:
+            if done >= decide_at:
+                pace, gap = pace_word(left - done, done, t, bound, before)
+                decide_at, words = done + gap, words + 1
+            left -= min(pace, left - done) - 1
+        done += 1
+        t += interval(t)
+    return t, done + 1, words
+
+
+@pytest.mark.parametrize("planned, interval, slower", [(240, 0.05, 1.0), (1000, 0.05, 1.0), (1000, 0.05, 1.9),
+                                                       (60, 0.4, 1.0), (60, 0.4, 1.9), (5, 6.0, 1.0)])
+def test_the_pace_is_said_every_few_commits_and_the_window_still_ends_within_its_bound(planned, interval, slower):
+    """Rank 0 says the pace at the window's first commit and then every PACE_EVERY commits at most, not at every
+    commit (a synchronisation of every member, 3 ms each), and a window still ends within its bound, even where
+    the commits come up to twice as slowly from a third of the bound on."""
+    bound = 30.0
+    end, took, words = _window(planned, bound, lambda t: interval * (slower if t > bound / 3 else 1.0), interval)
+    assert end <= bound
+    assert took <= planned + 1
+    assert words <= max(1, took // 2)  # the old rule: one word a commit
+    if planned * interval < bound / 4:  # no hurry: one word every PACE_EVERY commits
+        assert words <= -(-took // PACE_EVERY)
+
+
+def test_once_the_time_is_up_everything_left_moves_at_the_next_commit():
+    assert pace_word(50, 10, 31.0, 30.0, 0.1) == (50, 1)
+    assert pace_word(50, 0, 0.0, 30.0, 0.0) == (1, 1)  # no interval known: said again at the next commit
+
+
+@pytest.mark.parametrize("interval, skips", [(None, False), (0.004, True), (10.0, True), (10.1, False)])
+def test_the_switching_commit_moves_no_piece_while_one_commit_more_keeps_the_window_within_its_bound(interval, skips):
+    """Rank 0's word (``follow.quiet``): the switching step already carries the rendezvous, the small parts and
+    the newcomer's first step with the running workers waiting, so its commit moves nothing, unless three of
+    rank 0's commits (that one, one with the pieces, the check's) would outlast the window's bound (30 s)."""
+    assert quiet(_rank0(3, 2, interval)) == skips
+
+
+def test_a_quiet_commit_moves_nothing_and_the_next_one_moves_the_first_pieces():
+    state, _, _ = _state()
+    ctx = _rank0(3, 2)
+    ctx.following = window = Window(2, [2], 3, 5, plan(state, 10_000), quiet=True)
+    at_commit(ctx, state)  # the switching commit: no collective (none could run here), nothing sent
+    assert (window.boundary, window.bytes, window.quiet, window.digests) == (0, 0, False, [])
+    assert ctx.following is window  # the window goes on; the next commit sends its first pieces

@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 
 import pytest
+import torch
 
 import cloud_elastic.torch as hvd
 from cloud_elastic.worker import context
@@ -62,3 +63,17 @@ def test_another_thread_asking_while_the_worker_joins_waits_for_the_round_and_lo
 def test_shutdown_before_the_first_call_that_needs_the_round_does_not_join_one(pending):
     hvd.shutdown()
     assert pending.rendezvous_calls == 0 and pending.join_pending
+
+
+def test_the_warm_up_step_before_joining_leaves_the_scripts_random_stream_and_autograd_as_they_were():
+    """``context._warm_up_a_step`` runs in ``hvd.init()`` on the script's thread: a seeded script draws the same
+    numbers after it as without it (its model's initial weights, its data order), and grad mode is unchanged."""
+    torch.manual_seed(1234)
+    expected = torch.rand(5)
+    torch.manual_seed(1234)
+    with torch.no_grad():
+        context._warm_up_a_step()
+        assert not torch.is_grad_enabled()
+    context._warm_up_a_step()
+    assert torch.is_grad_enabled()
+    assert torch.equal(torch.rand(5), expected)

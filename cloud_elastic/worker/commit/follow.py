@@ -16,12 +16,15 @@ round as *followers*:
   records batches as the active members do (``comm.followers.data_shard``): its samples
   are not trained, and not counted as processed either; the window's effective
   batch is the one before the admission;
-* at each commit (:func:`at_commit`, after the membership check) the holders
+* at each commit (:func:`at_commit`, after the membership check; from the
+  second of the window where rank 0's commit interval allows, :func:`quiet`, so
+  that the switching step carries no piece) the holders
   send it the next pieces of the committed state, at most
   ``CLOUD_ELASTIC_FOLLOW_MB`` (4 MB) per commit, or several commits' pieces at
   once where the window would otherwise outlast ``CLOUD_ELASTIC_FOLLOW_WINDOW_S``
-  (30 s; rank 0 says how many in a one-element broadcast each commit, from the
-  window's pace so far, and all the rest once the time is up), cut and shared among all
+  (30 s; rank 0 says how many in a two-element broadcast at the window's first
+  commit and then every few commits, from the window's pace so far, and all the
+  rest once the time is up: :func:`_pace`), cut and shared among all
   holders by ``comm.heal`` (each holder a part, point to point): every
   parameter (with the optimizer state of the same shape, sliced alike) and
   every other optimizer-state tensor, in a plan every member works out alike
@@ -87,7 +90,8 @@ from cloud_elastic.worker.commit.handlers import ModelHandler, OptimizerHandler,
 from cloud_elastic.worker.exceptions import HostsUpdatedInterrupt
 from cloud_elastic.worker.comm.followers import current
 
-__all__ = ["FollowerActivated", "Window", "plan", "decide", "start", "at_commit", "complete", "shed"]
+__all__ = ["FollowerActivated", "Window", "plan", "decide", "quiet", "start", "at_commit", "complete", "shed",
+           "pace_word"]
 
 log = logging.getLogger(__name__)
 
@@ -133,8 +137,14 @@ class Window:
     opened: float = 0.0
     #: Rank 0 said that the window moves more than one commit's pieces a commit (see :func:`_pace`).
     paced: bool = False
+    #: Rank 0's last word (:func:`_pace`): the plan's commits that move at each commit, until ``decide_at``.
+    pace: int = 1
+    #: The boundary of rank 0's next word on the pace.
+    decide_at: int = 0
     #: On rank 0, the seconds between its last two commits before the window: its pace until it has one of its own.
     interval: float = 0.0
+    #: Rank 0's word (:func:`quiet`): the switching step's commit moves no pieces; they start at the next one.
+    quiet: bool = False
 
     @property
     def active(self) -> int:
@@ -327,7 +337,19 @@ def decide(ctx: Any, state: Any, receivers: list[int], root_seq: int | None, fre
     return list(receivers)
 
 
-def start(ctx: Any, state: Any, followers: list[int], skeletons: list[Any], seq: int | None) -> None:
+def quiet(ctx: Any) -> bool:
+    """On rank 0, with followers: whether the window's first commit, the one that ends the switching step, moves no
+    pieces (they start at the next commit). That step already carries the rendezvous, the sync's small parts and
+    the newcomer's first step, with the running workers waiting; a piece there made it the admission's longest
+    gap (2.5-5 ms more at the benchmark's small model, issue 41's stall). Only while a commit more still keeps
+    the window within ``CLOUD_ELASTIC_FOLLOW_WINDOW_S`` at rank 0's commit interval (the skipped commit, one
+    with the pieces and the check's); a script that commits rarely moves them at once, as before."""
+    interval = getattr(ctx.ledger, "commit_interval", None)
+    return interval is not None and 3 * interval <= ctx.settings.follow_window_s
+
+
+def start(ctx: Any, state: Any, followers: list[int], skeletons: list[Any], seq: int | None,
+          quiet_first: bool = False) -> None:
     """Every member, in the admitting sync once the small parts came: open the window. A follower builds its
     optimizers' state from rank 0's skeletons (zeros whose memory is touched as the pieces arrive)."""
     info = ctx.info
@@ -338,7 +360,8 @@ def start(ctx: Any, state: Any, followers: list[int], skeletons: list[Any], seq:
             tensors = allocate(shape, "optimizer state", state_limit(opt), zeroed=True)
             opt.load_state_dict(_join_tensors(shape, tensors))
     window = Window(info.round, list(followers), info.size, seq, plan(state, ctx.settings.follow_bytes),
-                    opened=time.monotonic(), interval=getattr(ctx.ledger, "commit_interval", None) or 0.0)
+                    opened=time.monotonic(), interval=getattr(ctx.ledger, "commit_interval", None) or 0.0,
+                    quiet=quiet_first)
     if info.rank in followers:
         _index(state, window)
     ctx.following = window
@@ -376,32 +399,48 @@ def _resave(state: Any) -> None:
             handler.save()
 
 
-def _pace(ctx: Any, window: Window) -> int:
-    """On every member, rank 0's word (a one-element broadcast): how many of the plan's next commits move at
-    this one, so that the window ends within ``follow_window_s``. 1 while it keeps to that at the pace seen so
-    far (its commits' mean interval; at the first, the interval of its last two commits before the window:
-    review rvD, a script committing every 16 s kept a window of 47 s); more as it falls behind; all that is
-    left once the time is up. The commit after the last piece, which ends the window, is counted in."""
+#: The most commits between two of rank 0's words on the pace (each a synchronisation point of every member,
+#: 3 ms a commit here when it was said at every one).
+PACE_EVERY = 16
+
+
+def pace_word(left: int, commits_done: int, spent: float, bound: float, interval: float) -> tuple[int, int]:
+    """Rank 0's word on the pace (see :func:`_pace`): (the plan's commits that move at each commit, for how many
+    commits), with ``left`` of the plan's commits left after ``commits_done`` of the window's, ``spent`` seconds
+    into a window bounded by ``bound``, at ``interval`` seconds between two commits before the window."""
+    remaining = bound - spent
+    mean = spent / commits_done if commits_done > 0 else interval
+    if remaining <= 0:
+        return left, 1
+    if mean <= 0:
+        return 1, 1  # no interval known yet: it speaks again at the next commit, with one
+    commits = max(1, int(remaining / mean) - 1)  # at that interval, the check's commit left out
+    return min(left, -(-left // commits)), max(1, min(PACE_EVERY, int(remaining / mean / 2)))
+
+
+def _pace(ctx: Any, window: Window) -> tuple[int, int]:
+    """On every member, rank 0's word (a two-element broadcast, :func:`pace_word`): how many of the plan's next
+    commits move at each commit, and for how many commits, so that the window ends within ``follow_window_s``.
+    1 while it keeps to that at the pace seen so far (its commits' mean interval; at the first, the interval of
+    its last two commits before the window: review rvD, a script committing every 16 s kept a window of 47 s);
+    more as it falls behind; all that is left once the time is up. The commit after the last piece, which ends
+    the window, is counted in. The word holds for at most :data:`PACE_EVERY` commits and for no more than half
+    the time left at that mean interval, so rank 0 speaks again before the time is up even if the commits come
+    up to twice as slowly as they did."""
     left = len(window.plan) - window.boundary
-    pace = 1
+    pace, gap = 1, 1
     if ctx.info.rank == 0:
-        spent = time.monotonic() - window.opened
-        remaining = ctx.settings.follow_window_s - spent
-        mean = spent / window.boundary if window.boundary > 0 else window.interval
-        if remaining <= 0:
-            pace = left
-        elif mean > 0:
-            commits = max(1, int(remaining / mean) - 1)  # at that interval, the check's commit left out
-            pace = min(left, -(-left // commits))
-    flag = torch.tensor([pace], dtype=torch.int64)
-    collectives.broadcast_(flag, 0, "follow pace")
-    pace = int(flag.item())
+        pace, gap = pace_word(left, window.boundary, time.monotonic() - window.opened, ctx.settings.follow_window_s,
+                              window.interval)
+    word = torch.tensor([pace, gap], dtype=torch.int64)
+    collectives.broadcast_(word, 0, "follow pace")
+    pace, gap = (int(v) for v in word.tolist())
     if pace > 1 and ctx.info.rank == 0 and not window.paced:
         window.paced = True
         log.info("worker %s: the follow window would outlast CLOUD_ELASTIC_FOLLOW_WINDOW_S=%g s: %d commit(s)' "
                  "pieces move at each commit from now on, of %d left", ctx.worker_id, ctx.settings.follow_window_s,
                  pace, left)
-    return pace
+    return max(1, pace), max(1, gap)
 
 
 def _merge(ctx: Any, state: Any, window: Window, count: int) -> None:
@@ -417,15 +456,20 @@ def at_commit(ctx: Any, state: Any) -> None:
     window = current(ctx)
     if window is None:
         return
+    if window.quiet:  # the switching step's commit (see :func:`quiet`): the pieces start at the next one
+        window.quiet = False
+        return
     follower = ctx.info.rank in window.followers
     with torch.no_grad():
         if window.boundary > 0:
             window.digests.append(_digest(_views(state, window.plan[window.boundary - 1])))
         if window.boundary < len(window.plan):
             if len(window.plan) - window.boundary > 1:
-                pace = _pace(ctx, window)
-                if pace > 1:
-                    _merge(ctx, state, window, pace)
+                if window.boundary >= window.decide_at:
+                    window.pace, gap = _pace(ctx, window)
+                    window.decide_at = window.boundary + gap
+                if window.pace > 1:
+                    _merge(ctx, state, window, min(window.pace, len(window.plan) - window.boundary))
             heal = Heal(window.followers, window.size, window.seq)
             heal.tensors(_views(state, window.plan[window.boundary]), "the commit, following")
             window.boundary += 1
@@ -440,8 +484,7 @@ def at_commit(ctx: Any, state: Any) -> None:
                 params = {name for name, _ in handler.value.named_parameters(remove_duplicate=False)}
                 heal.buffers({k: v for k, v in sd.items() if k not in params})
         mark = int(fingerprint(state) or "0", 16) & (2**62 - 1)
-        mine = torch.tensor([window.digests + [mark]], dtype=torch.int64)
-        rows = collectives.allgather(mine, "follow digests")
+        rows = _gather(ctx, torch.tensor(window.digests + [mark], dtype=torch.int64))
     equal = bool((rows == rows[0:1]).all())
     ctx.following = None
     ctx.ledger.following = False
@@ -457,6 +500,16 @@ def at_commit(ctx: Any, state: Any) -> None:
                 "worker %s: rank(s) %s follow no more: %s moved here in %d commit(s), every digest equal",
                 ctx.worker_id, window.followers, f"{window.bytes / 1e3:.1f} kB", len(window.plan))
     raise FollowerActivated(sync=not equal)
+
+
+def _gather(ctx: Any, mine: torch.Tensor) -> torch.Tensor:
+    """Every member's row of digests, by rank: one allgather. The rows have the same length on every member
+    (one digest a commit of the window, and the fingerprint), so no sizes go first (``collectives.allgather``'s
+    exchange of them was a second collective)."""
+    what = "allgather follow digests"
+    out = torch.empty((ctx.info.size, mine.numel()), dtype=torch.int64)
+    ctx.wait(ctx.group(what).allgather([list(out.unbind(0))], [mine]), what)
+    return out
 
 
 def complete(ctx: Any, state: Any) -> bool:

@@ -382,7 +382,8 @@ class TorchState(ObjectState):
             else:
                 handler.sync((samplers if isinstance(handler, SamplerHandler) else schedulers).pop(0))
         if followers:
-            follow.start(ctx, self, followers, list(small["optimizer state"]), root_seq)
+            follow.start(ctx, self, followers, list(small["optimizer state"]), root_seq,
+                         quiet_first=small.get("follow quiet") is True)
         if heal is not None:
             if takes and getattr(ctx.device, "type", "cpu") == "cuda":
                 # NCCL's futures complete as the work is queued: before this worker holds the commit (and may
@@ -406,9 +407,10 @@ class TorchState(ObjectState):
             receivers = facts["receivers"] if facts is not None else ctx.ledger.sync_receivers
             send = replicas and bool(receivers)
             root_seq = facts["root_seq"] if facts is not None else ctx.ledger.sync_root_seq
+            followers = follow.decide(ctx, self, list(receivers), root_seq,
+                                      facts.get("fresh") if facts is not None else None) if send else []
             return {
-                "followers": follow.decide(ctx, self, list(receivers), root_seq,
-                                           facts.get("fresh") if facts is not None else None) if send else [],
+                "followers": followers, "follow quiet": bool(followers) and follow.quiet(ctx),
                 "ObjectState attributes": self._saved_state,
                 "sampler state": [h.value.state_dict() for h in self._handlers.values() if isinstance(h, SamplerHandler)],
                 "scheduler state": [h.value.state_dict() for h in self._handlers.values()
