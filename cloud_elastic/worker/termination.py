@@ -155,6 +155,10 @@ class TermHandler:
         self._signalled.set()
 
     def _wait(self) -> None:
+        # Not this thread: the kernel gives a process's signal to any thread that does not block it, and Python
+        # runs the handler on the main thread only when that thread next runs Python; one blocked in a read
+        # would then leave the SIGTERM unanswered (the driver's notice of it late by as long).
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
         self._signalled.wait()
         if self._closed:
             return

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.timeout(60)
 
 # A process with the handler installed; ``ask`` answers as the test says, after writing "asked".
 _PROGRAM = textwrap.dedent("""
-    import os, signal, sys, time
+    import os, select, signal, sys, time
     from cloud_elastic.worker.termination import TermHandler
 
     answer = sys.argv[1]
@@ -45,7 +45,15 @@ _PROGRAM = textwrap.dedent("""
         os.kill(child, signal.SIGTERM)
         print("child", os.waitpid(child, 0)[1], action, flush=True)
     print("ready", flush=True)
-    for line in sys.stdin:  # each line: the test's next step
+    while True:  # each line: the test's next step
+        # Between short waits, as a training loop runs Python between steps: the kernel may give a SIGTERM sent
+        # to the process to another thread (the handler's own), and a main thread blocked in a read of stdin
+        # would then not run the handler until the next line came (a clean-clone run waited out 60 s so).
+        if not select.select([sys.stdin], [], [], 0.05)[0]:
+            continue
+        line = sys.stdin.readline()
+        if not line:
+            break
         if line.strip() == "state":
             print("stays", handler.stays, flush=True)
         if line.strip() == "reinstall":  # hvd.init's handler gone, elastic.run's comes
