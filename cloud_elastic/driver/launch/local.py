@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import errno
-import fcntl
 import logging
 import math
 import os
 import re
 import signal
-import struct
 import subprocess
 import sys
-import termios
 import threading
 import time
 from dataclasses import dataclass
@@ -22,6 +19,7 @@ from cloud_elastic.driver.launch import forkserver
 from cloud_elastic.driver.launch.forkserver import ForkServer
 from cloud_elastic.driver.launch.api import ExitStatus, OutputSink, WorkerSpec
 from cloud_elastic.driver.launch.local_main import through_main
+from cloud_elastic.driver.launch.ssh_output import pending_bytes
 from cloud_elastic.driver.launch.ssh_remote import secret_fd_value, secret_pipe
 from cloud_elastic.errors import LaunchError
 from cloud_elastic.worker.settings import SECRET_ENV, SECRET_FD_ENV
@@ -162,11 +160,7 @@ class OutputReader:
             return False
         if not self._idle.is_set():
             return True
-        try:
-            pending = struct.unpack("i", fcntl.ioctl(self._fd, termios.FIONREAD, b"\0\0\0\0"))[0]
-        except OSError:
-            return False
-        return pending > 0 or not self._idle.is_set()
+        return pending_bytes(self._fd) > 0 or not self._idle.is_set()
 
 
 class OutputEnd:
