@@ -33,6 +33,11 @@ if sys.argv[1] == "every rank":
     state.commit()
     total = hvd.allreduce(torch.ones(1) * (hvd.rank() + 1), op=hvd.Sum)
     print(f"EVAL rank {hvd.rank()} step {state.step} sum {total.item():g}", flush=True)
+elif sys.argv[1] == "rank 0 commits":
+    if hvd.rank() == 0:  # a final save from rank 0 alone, as scripts that checkpoint from rank 0 do
+        state.step += 1
+        state.commit()
+        print(f"SAVED step {state.step}", flush=True)
 elif hvd.rank() == 0:  # rank 1 exits: the allreduce has lost its peer
     hvd.allreduce(torch.ones(1), op=hvd.Sum)
 """
@@ -58,3 +63,12 @@ def test_a_collective_after_elastic_run_that_loses_its_peer_says_where_it_ran_an
     assert len(exiting) == 1 and exiting[0].endswith(after + ")"), job.output()
     assert "rank 0 finished training, but worker 127.0.0.1[0]#1 (rank 0) exited with code 1 after its training " \
            "function returned" in job.lines[-1], job.output()
+
+
+def test_a_final_commit_on_rank_0_alone_after_elastic_run_is_a_save_and_the_job_succeeds(jobs, tmp_path):
+    # Its membership check was a collective: rank 0 waited for a peer that had exited, and the job failed.
+    (tmp_path / "train.py").write_text(_SCRIPT)
+    job = jobs(["run", "-np", "2", "-H", "127.0.0.1:2", sys.executable, "train.py", "rank 0 commits"], cwd=tmp_path)
+    assert job.finish(timeout=50) == 0, job.output()
+    assert any(line.endswith("SAVED step 6") for line in job.lines), job.output()
+    assert " succeeded: training completed on 2 worker(s)" in job.lines[-1], job.output()

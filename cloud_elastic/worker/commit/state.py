@@ -123,6 +123,11 @@ class State:
         ctx.read_update_flag()
         self.save()
         ctx.ledger.note_commit(self, fingerprint(self))  # what it trained, for the driver's repeat guards
+        if getattr(ctx, "training_done", False):
+            # After ``elastic.run`` returned (the driver agreed the training is over): a save, nothing more. No
+            # round follows to interrupt into, and its membership check was a collective: a final commit on
+            # rank 0 alone (a script saving from rank 0) waited for peers that had exited and failed the job.
+            return
         # Horovod's commit() is save() then self.check_host_updates(): a subclass that overrides it is called.
         self._just_committed = True
         try:
