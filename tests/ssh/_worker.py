@@ -9,6 +9,7 @@ usage: _worker.py MARKER MODE [ARGS]
                   start a grandchild (same marker), print "ready <pid> <child pid>" once the child
                   carries the marker in its cmdline, sleep
   lines N         print N numbered lines, the last one without a newline
+  burst BYTES     print BYTES of 100-byte lines, then an error line on stderr, exit 1
   die-leaving-child
                   start a grandchild that ignores SIGTERM and holds the output pipe (as "sleep --ignore-term"),
                   print "ready <pid> <child pid>" and an error line, die of SIGKILL
@@ -94,6 +95,12 @@ def main(argv: list[str]) -> None:
         print(f"ready {os.getpid()} {_child(marker, True)}", flush=True)
         print("RuntimeError: the worker's last words", flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
+    elif mode == "burst":
+        for _ in range(int(args[0]) // 100):
+            sys.stdout.write("x" * 99 + "\n")
+        sys.stdout.flush()
+        print("RuntimeError: the worker's last words", file=sys.stderr, flush=True)
+        os._exit(1)
     elif mode == "lines":
         n = int(args[0])
         for i in range(n - 1):

@@ -133,6 +133,25 @@ def test_a_worker_killed_while_a_child_it_left_holds_its_output_is_told_ended_wi
         wait_gone(marker, 10)
 
 
+def test_a_worker_that_dies_after_a_burst_is_told_after_its_last_line_behind_a_slow_driver_output(sshd, marker):
+    """1.5 MB printed just before the worker dies, to a driver whose output takes 0.2 ms a line (a terminal over a slow
+    link, a log shipper): ssh still holds much of it when the wrapper's marker comes; the exit is told only once its
+    last line is in, which the job's end line names (review rvQ: told 2 s after the marker, half the lines in)."""
+    class Slow(Output):
+        def __call__(self, line: str) -> None:
+            time.sleep(0.0002)
+            super().__call__(line)
+
+    out = Slow()
+    with SSHLauncher(sshd.config, disconnect_grace_s=5.0) as launcher:
+        proc = launcher.launch(spec(REMOTE, marker, "burst", "1500000"), out)
+        status = wait_exit(proc, 120)
+        lines = list(out.lines)
+    assert (status.code, status.transport_error) == (1, None), status
+    assert len(lines) == 15001 and lines[-1] == "RuntimeError: the worker's last words", (len(lines), lines[-1:])
+    wait_gone(marker, 20)
+
+
 def test_missing_working_directory_is_reported(launcher, marker):
     proc, out = start(launcher, REMOTE, marker, "report", cwd="/nonexistent/" + marker)
     status = wait_exit(proc)

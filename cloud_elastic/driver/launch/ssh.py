@@ -70,6 +70,8 @@ __all__ = ["SSHLauncher", "SSHWorkerProcess", "SECRET_ENV"]
 logger = logging.getLogger(__name__)
 
 _DRAIN_WAIT_S = 2.0
+#: After the marker, an exit is held while lines came this recently (ssh's own buffer is not seen in the pipe).
+_QUIET_S = 0.05
 
 
 class SSHLauncher:
@@ -313,6 +315,7 @@ class SSHWorkerProcess:
         self._stopping = False
         self._reaper: threading.Thread | None = None
         self._exited_at: float | None = None
+        self._read_at = 0.0  # when the stdout reader last forwarded a line
         self._status: ExitStatus | None = None
         self._gate = gate or HostGate()
         self._setup_hold_s = setup_hold_s
@@ -426,8 +429,11 @@ class SSHWorkerProcess:
                 return self._status
             now = time.monotonic()
             self._exited_at = self._exited_at or now
-            held = self._behind() if rc is None else any(r.is_alive() for r in self._readers)
-            if held and now - self._exited_at < _DRAIN_WAIT_S:
+            # After the marker, ssh may still hold up to its channel's window of output that the pipe has no room
+            # for (a slow driver output): held while lines come, the bound counted from the last (review rvQ).
+            held = (self._behind() or now - self._read_at < _QUIET_S) if rc is None else any(
+                r.is_alive() for r in self._readers)
+            if held and now - max(self._exited_at, self._read_at) < _DRAIN_WAIT_S:
                 return None
             if rc is not None:
                 self._close_stdin()
@@ -552,6 +558,7 @@ class SSHWorkerProcess:
 
     def _on_stdout(self, line: str) -> None:
         self._forward(line)
+        self._read_at = time.monotonic()
 
     def _on_first_stdout(self) -> None:
         # The wrapper starts the worker only once the connection is set up, which an older one never says.
