@@ -223,7 +223,8 @@ def _name_failures_after_run() -> None:
 
     def hook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
         if _completed and isinstance(value, CollectiveError) and not str(value).endswith(AFTER_RUN):
-            value = CollectiveError(f"{str(value).rstrip('.')}{AFTER_RUN}").with_traceback(tb)
+            # The same error, its message extended: its cause (Gloo's own error) and traceback stay (review rvQ).
+            value.args = (f"{str(value).rstrip('.')}{AFTER_RUN}", *value.args[1:])
         previous(type(value), value, tb)
 
     hook.names_failures_after_run = True  # type: ignore[attr-defined]

@@ -61,6 +61,8 @@ def test_a_collective_after_elastic_run_that_loses_its_peer_says_where_it_ran_an
              "(docs/porting.md)")
     exiting = [line for line in job.lines if "127.0.0.1[0]#1 is exiting with code 1 (CollectiveError: allreduce" in line]
     assert len(exiting) == 1 and exiting[0].endswith(after + ")"), job.output()
+    # The same error, extended: Gloo's own error stays its cause in the traceback (review rvQ).
+    assert any("direct cause of the following exception" in line for line in job.lines), job.output()
     assert "rank 0 finished training, but worker 127.0.0.1[0]#1 (rank 0) exited with code 1 after its training " \
            "function returned" in job.lines[-1], job.output()
 
