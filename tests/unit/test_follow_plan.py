@@ -158,12 +158,16 @@ def test_once_the_time_is_up_everything_left_moves_at_the_next_commit():
     assert pace_word(50, 0, 0.0, 30.0, 0.0) == (1, 1)  # no interval known: said again at the next commit
 
 
-@pytest.mark.parametrize("interval, skips", [(None, False), (0.004, True), (10.0, True), (10.1, False)])
-def test_the_switching_commit_moves_no_piece_while_one_commit_more_keeps_the_window_within_its_bound(interval, skips):
+@pytest.mark.parametrize("interval, bound, skips", [(None, 30.0, False), (0.004, 30.0, True), (1.0, 30.0, True),
+                                                    (1.1, 30.0, False), (10.0, 30.0, False), (0.5, 4.0, False)])
+def test_the_switching_commit_moves_no_piece_where_commits_are_short(interval, bound, skips):
     """Rank 0's word (``follow.quiet``): the switching step already carries the rendezvous, the small parts and
-    the newcomer's first step with the running workers waiting, so its commit moves nothing, unless three of
-    rank 0's commits (that one, one with the pieces, the check's) would outlast the window's bound (30 s)."""
-    assert quiet(_rank0(3, 2, interval)) == skips
+    the newcomer's first step with the running workers waiting, so its commit moves nothing, where commits come
+    every second at most and a tenth of the window's bound: a commit more there costs the window next to
+    nothing, where a script committing every 10 s would have had a window 10 s longer (review rvQ)."""
+    ctx = _rank0(3, 2, interval)
+    ctx.settings.follow_window_s = bound
+    assert quiet(ctx) == skips
 
 
 def test_a_quiet_commit_moves_nothing_and_the_next_one_moves_the_first_pieces():
