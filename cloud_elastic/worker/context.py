@@ -489,12 +489,13 @@ def _warm_up_a_step() -> None:
     """
     try:
         with torch.enable_grad():  # an init() inside the script's no_grad() (its mode is restored on the way out)
-            w = torch.full((8, 8), 0.01, requires_grad=True)
-            b = torch.zeros(8, requires_grad=True)
+            # On the CPU whatever the script's default device (a GPU's context is not this step's to open).
+            w = torch.full((8, 8), 0.01, requires_grad=True, device="cpu")
+            b = torch.zeros(8, requires_grad=True, device="cpu")
             opt = torch.optim.SGD([w, b], lr=0.1, momentum=0.9)
             for _ in range(2):
-                x = torch.nn.functional.relu(torch.nn.functional.linear(torch.ones(4, 8), w, b))
-                loss = torch.nn.functional.mse_loss(torch.nn.functional.linear(x, w, b), torch.zeros(4, 8))
+                x = torch.nn.functional.relu(torch.nn.functional.linear(torch.ones(4, 8, device="cpu"), w, b))
+                loss = torch.nn.functional.mse_loss(torch.nn.functional.linear(x, w, b), torch.zeros(4, 8, device="cpu"))
                 opt.zero_grad()
                 loss.backward()
                 opt.step()
