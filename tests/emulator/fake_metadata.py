@@ -226,6 +226,7 @@ class FakeAWSMetadata(FakeMetadata):
     def __init__(self, address: str = "127.0.0.1", port: int = 0) -> None:
         super().__init__(address, port)
         self.tokens: dict[str, float] = {}  # token -> expiry (monotonic)
+        self.used_tokens: set[str] = set()  # tokens a read presented while valid: one a watcher (each takes its own)
         self.spot_action: bytes | None = None
         self.rebalance: bytes | None = None
         self.lifecycle_state: str | None = None
@@ -274,6 +275,7 @@ class FakeAWSMetadata(FakeMetadata):
             expiry = self.tokens.get(req.headers.get("x-aws-ec2-metadata-token", ""))
             if expiry is None or expiry < time.monotonic():
                 return Resp(401)
+            self.used_tokens.add(req.headers["x-aws-ec2-metadata-token"])
             served = {
                 "/latest/meta-data/spot/instance-action": self.spot_action,
                 "/latest/meta-data/events/recommendations/rebalance": self.rebalance,
