@@ -87,10 +87,15 @@ def test_a_killed_worker_is_replaced_by_the_waiting_spare_holding_the_survivors_
     # The spare holds the survivors' committed state: the same parameters at the same step. (Follow-mode admission,
     # on by default, does not apply to a spare that takes a member's place: it gets the whole state in the sync.)
     assert len({(e["step"], e["checksum"]) for e in after}) == 1, after
-    assert any("no follow mode: a receiver takes a lost or leaving member's place" in line for line in job.lines)
     assert all(e["cycled"] == 0 for e in after), after  # the restore and the heal left no tensor to the cyclic gc
     resets = job.of("reset", round=2)
     assert len(resets) == 2 and all(r["executed"] - r["step"] <= 1 for r in resets), resets  # at most 1 step again
+    said = [line for line in job.lines if "no follow mode: " in line]
+    # With a survivor a commit behind (below), it receives too, and rank 0 names first the lone holder it leaves
+    # (review s66 rvT: seen at load 5.6); with both at one commit, the spare's own reason.
+    reason = ("a receiver takes a lost or leaving member's place" if len({r["step"] for r in resets}) == 1
+              else "1 holder(s) of the commit on 1 host(s)")
+    assert any(reason in line for line in said), (reason, said)
     # The round goes on from the newest commit a survivor holds. Survivors may hold different ones: a victim killed
     # inside an allreduce can let one survivor's allreduce (and commit) finish while the other's fails (seen under
     # load: resets at steps 5 and 6, the one at 6 made rank 0 and the other synced to it).
