@@ -4,6 +4,8 @@ EVENT lines (as ``probe.py``'s): ``entered`` (each entry into the training funct
 checksum of the parameters and the optimizer state, and one of the BatchNorm buffers), ``commit``, ``metric`` (an
 ``hvd.allreduce`` average of ``rank + 1`` made in the loop, and whether this worker's round had a follower
 then) and ``done`` (the same checksum at the end). The library's INFO lines are shown (what follows, what moved).
+With ``--die-in-gather HOST``: ``gather`` (each member entering the window's final digest allgather, with its step
+and checksum), and the worker on HOST kills itself there (see :func:`die_in_the_final_gather`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import logging
 import os
 import signal
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -23,6 +26,7 @@ import torch.nn.functional as F
 import cloud_elastic.torch as hvd
 from cloud_elastic.worker.context import get_context
 from cloud_elastic.worker.comm import followers
+from cloud_elastic.worker.commit import follow
 
 logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
 
@@ -49,6 +53,34 @@ def buffers(model: torch.nn.Module) -> str:
     return hashlib.sha256(b"".join(b.numpy().tobytes() for b in model.buffers())).hexdigest()[:16]
 
 
+def die_in_the_final_gather(host: str, marks: Path, state, model, optimizer) -> None:
+    """Every member says ``gather`` as it enters the follow window's final digest allgather (``follow._gather``, at
+    the commit after the last piece: the library's window says so, every piece moved); the worker on ``host`` then
+    waits for the others to be there too (their marks in ``marks``) and is SIGKILLed, once a job. The hook is this
+    script's, not the library's: it wraps the module's ``_gather``, which ``at_commit`` looks up at each call."""
+    gather = follow._gather
+
+    def marked(ctx, mine):
+        window = followers.current(ctx)
+        assert window is not None and window.boundary == len(window.plan), "not the window's final gather"
+        rank, size, me = ctx.info.rank, ctx.info.size, os.environ.get("CLOUD_ELASTIC_HOSTNAME")
+        event("gather", rank=rank, size=size, round=ctx.info.round, step=state.step, host=me,
+              checksum=checksum(model, optimizer), following=rank in window.followers)
+        mark = marks / f"{ctx.info.round}-{rank}"
+        mark.with_suffix(".tmp").write_text(me or "")
+        mark.with_suffix(".tmp").rename(mark)
+        if me == host and not (marks / "killed").exists():
+            others = [marks / f"{ctx.info.round}-{r}" for r in range(size) if r != rank]
+            deadline = time.monotonic() + 60
+            while not all(m.exists() for m in others) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            (marks / "killed").write_text(str(os.getpid()))
+            os.kill(os.getpid(), signal.SIGKILL)
+        return gather(ctx, mine)
+
+    follow._gather = marked
+
+
 def main() -> None:
     faulthandler.register(signal.SIGUSR1)
     p = argparse.ArgumentParser()
@@ -59,6 +91,11 @@ def main() -> None:
     p.add_argument("--metric", action="store_true", help="an hvd.allreduce of rank + 1 every step")
     p.add_argument("--width", type=int, default=16, help="of the hidden layer")
     p.add_argument("--nan-guard", action="store_true", help="raise on a non-finite loss, as many loops do")
+    p.add_argument("--die-in-gather", default="", help="the worker on this host is killed in the window's final "
+                                                         "digest allgather (see die_in_the_final_gather)")
+    p.add_argument("--marks", default="", help="a directory for --die-in-gather's marks")
+    p.add_argument("--return-in-window", action="store_true",
+                   help="the training function returns once a follow window has moved its first piece")
     args = p.parse_args()
     hvd.init()
     torch.manual_seed(0 if os.environ.get("CLOUD_ELASTIC_HOSTNAME") != "127.0.0.3" else 7)  # a newcomer's own init
@@ -72,8 +109,13 @@ def main() -> None:
         base = type("MySGD", (torch.optim.SGD,), {})(model.parameters(), lr=0.05, momentum=0.9)
     optimizer = hvd.DistributedOptimizer(base)
     state = hvd.elastic.TorchState(model, optimizer, step=0)
+    if args.die_in_gather:
+        die_in_the_final_gather(args.die_in_gather, Path(args.marks), state, model, optimizer)
 
     def more() -> bool:
+        window = followers.current(get_context())  # the same on every member
+        if args.return_in_window and window is not None and window.boundary >= 1:
+            return False  # with a window open: follow.complete moves the rest and ends it
         if state.step < args.steps:
             return True
         return bool(args.stop_when) and not hvd.broadcast_object(os.path.exists(args.stop_when), root_rank=0)

@@ -26,6 +26,8 @@ def test_a_worker_that_fails_after_training_fails_the_job_and_keeps_the_checkpoi
     last = job.lines[-1]
     assert "rank 0 finished training, but worker" in last, job.output()
     assert "exited with code 1 after its training function returned" in last and "commit 8" in last, last
+    # ... and why: the error its script said it exits with, as a failure before returning says it.
+    assert "8 optimizer step(s)): RuntimeError: the final save failed (--fail-after-training)" in last, last
     assert "succeeded" not in job.output()
     assert len(job.of("done")) == 2  # training itself did finish
     assert CheckpointStore(str(ckpt)).list()[0].step == 8  # the final checkpoint stays where it was written

@@ -3,9 +3,11 @@ window never leaves the committed state on one host.
 
 What a user sees: a loop that refuses a non-finite loss admits a follower (its loss is finite throughout); a
 holder killed or noticed during a window costs what it costs without follow mode (the state is intact, the
-follower gets the whole commit from the holders left, the job ends at full size with one state); a window that
-would last too long moves several commits' pieces a commit; a job whose
-commit has a single holder admits its newcomer with the whole sync, so the holder's host can be reclaimed at once.
+follower gets the whole commit from the holders left, the job ends at full size with one state); so does a holder
+or the follower killed inside the window's final digest allgather, the survivors going on from the commit that
+ended the window, the follower never their source; a window that would last too long moves several commits'
+pieces a commit; a job whose commit has a single holder admits its newcomer with the whole sync, so the holder's
+host can be reclaimed at once.
 """
 
 from __future__ import annotations
@@ -134,3 +136,49 @@ def test_a_script_that_commits_rarely_admits_with_the_whole_sync_not_a_window_pa
     assert said and "would outlast CLOUD_ELASTIC_FOLLOW_WINDOW_S=0.4 s" in said[0], job.output()
     assert not any(_WINDOW.search(line) for line in job.lines), job.output()
     _finish_alike(job, stop, 3)
+
+
+def _killed_in_the_final_gather(jobs, tmp_path, victim: str, *probe_args: str, where: str) -> None:
+    """The follow probe's own hook (not the library's): every member marks its entry into the window's final digest
+    allgather, and ``victim`` is SIGKILLed there once all are in it. The survivors roll back (``where``: what their
+    line says) to the commit the window ended at, the follower gets it from a holder (never the other way round),
+    and the job trains on and ends with one state."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    job, stop = _start(jobs, tmp_path, "--die-in-gather", victim, "--marks", str(marks), *probe_args)
+    job.wait_for(lambda j: any(where in line and "rolling back to the last commit" in line and "follow digests" in line
+                               for line in j.lines), 60, "a rollback from the final gather")
+    gathered = job.of("gather", size=3)
+    assert {e["rank"] for e in gathered} == {0, 1, 2}, gathered  # every member was in it
+    [step] = {e["step"] for e in gathered}  # the window's last commit
+    [held] = {e["checksum"] for e in gathered if not e["following"]}  # the holders' commit there
+    back = job.wait_for(lambda j: [e for e in j.of("entered", size=2) if e["round"] > gathered[0]["round"]], 60,
+                        "the survivors back at size 2")
+    job.wait_for(lambda j: len([e for e in j.of("entered", size=2) if e["round"] == back[0]["round"]]) == 2, 30,
+                 "both survivors entering")
+    back = [e for e in job.of("entered", size=2) if e["round"] == back[0]["round"]]
+    assert all(e["step"] == step and e["checksum"] == held for e in back), (step, held, back)
+    assert {e["worker"].split("[")[0] for e in back} == set(THREE) - {victim}, back
+    if victim != "127.0.0.3":  # the follower survived: it is the one that receives, from the holder left
+        assert [e["rank"] for e in back if e["worker"].startswith("127.0.0.3")] == [1], back
+        assert any("rank(s) [1] receive the whole commit in the sync" in line for line in job.lines), job.output()
+        assert any("a peer failed while this worker was still receiving it (follow mode)" in line
+                   for line in job.lines), job.output()
+    assert not any("every digest equal" in line for line in job.lines), job.output()  # the window never ended
+    assert not any("training state lost" in line for line in job.lines), job.output()
+    job.wait_for(lambda j: max(e["step"] for e in j.of("commit")) >= step + 3, 60, "training on after the kill")
+    done = _finish_alike(job, stop)
+    assert all(e["step"] >= step + 3 for e in done), done
+
+
+@pytest.mark.parametrize("victim", ["127.0.0.1", "127.0.0.2", "127.0.0.3"])
+def test_a_worker_killed_in_the_windows_final_digest_gather_costs_a_failure_and_no_state(jobs, tmp_path, victim):
+    # A holder (rank 0, the state's source, or rank 1) or the follower 127.0.0.3, at the commit ending the window.
+    _killed_in_the_final_gather(jobs, tmp_path, victim, where="collective failed (")
+
+
+def test_a_holder_killed_in_the_final_gather_of_a_window_ended_by_the_return_costs_a_failure_and_no_state(
+        jobs, tmp_path):
+    # The training function returns with the window open: follow.complete moves the rest, then gathers.
+    _killed_in_the_final_gather(jobs, tmp_path, "127.0.0.2", "--return-in-window",
+                                where="as the training function returned")

@@ -1,4 +1,5 @@
-"""docs/architecture.md and its pages name files that exist, and link to headings that exist.
+"""docs/architecture.md and its pages name files, classes' methods and headings that exist; the index's
+Packages table has a row for every sub-package and top-level module, and each walk counts the files it lists.
 
 The architecture pages walk the code file by file; when a module moves, the walk must move with it.
 """
@@ -88,3 +89,46 @@ def test_the_index_opens_with_the_four_paths() -> None:
     headings = re.findall(r"^##+\s+(.*)$", _prose(INDEX), re.M)
     assert headings[0] == "Four paths through the code"
     assert [h[:3] for h in headings[1:5]] == ["(a)", "(b)", "(c)", "(d)"]
+
+
+def _package_rows() -> str:
+    """The first cells of the index's Packages table."""
+    section = _prose(INDEX).split("## Packages", 1)[1].split("\n## ", 1)[0]
+    return "\n".join(line.split("|")[1] for line in section.splitlines() if line.startswith("| `"))
+
+
+def test_every_sub_package_and_top_level_module_has_a_row_in_the_packages_table() -> None:
+    rows = _package_rows()
+    named = set(re.findall(r"`([^`]+)`", rows))
+    parts = [f"{d.relative_to(PACKAGE)}/" for d in sorted(PACKAGE.rglob("__init__.py")) for d in [d.parent]
+             if d != PACKAGE and "__pycache__" not in d.parts]
+    parts += [f.name for f in sorted(PACKAGE.glob("*.py")) if f.name != "__init__.py"]
+    # A package whose sub-packages have rows of their own (driver/) needs no row of its own.
+    missing = [p for p in parts if p not in named and not any(n.startswith(p) and n != p for n in named)]
+    assert not missing, "not in docs/architecture.md's Packages table: " + ", ".join(missing)
+
+
+def test_each_walk_counts_the_files_its_table_lists() -> None:
+    wrong = []
+    for walk in re.split(r"^### ", _prose(INDEX), flags=re.M)[1:5]:
+        title = walk.splitlines()[0]
+        said = re.search(r"^(\d+) files\b", walk, re.M)
+        listed = {f for row in re.findall(r"^\| \d+ \|([^|]*)\|", walk, re.M) for f in re.findall(r"`([^`]+)`", row)}
+        if said is None or int(said.group(1)) != len(listed):
+            wrong.append(f"{title}: says {said.group(1) if said else 'nothing'}, lists {len(listed)}")
+    assert not wrong, "; ".join(wrong)
+
+
+def test_every_class_attribute_the_pages_name_is_defined_in_the_package() -> None:
+    """A backticked ``Class.name`` of a class of the package names something defined there (a method or
+    attribute, in any module: mixins and helpers share the work): a renamed or removed method fails."""
+    sources = [f.read_text() for f in PACKAGE.rglob("*.py") if "__pycache__" not in f.parts]
+    classes = {c for text in sources for c in re.findall(r"^\s*class\s+(\w+)", text, re.M)}
+    everything = "\n".join(sources)
+    missing = []
+    for page in PAGES:
+        for cls, attr in re.findall(r"`(?:[\w/]+\.py:)?([A-Z]\w*)\.(\w+)(?:\(\))?`", _prose(page)):
+            if cls in classes and not re.search(
+                    rf"^\s*(?:async\s+)?(?:def|class)\s+{attr}\b|^\s*(?:self\.)?{attr}\s*[:=]", everything, re.M):
+                missing.append(f"{page.relative_to(REPO)}: `{cls}.{attr}`")
+    assert not missing, "named in the architecture docs but defined nowhere in the package: " + "; ".join(missing)

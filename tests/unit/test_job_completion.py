@@ -6,7 +6,9 @@ import pytest
 
 from cloud_elastic.driver.job.actions import Phase, Stop
 from cloud_elastic.driver.job.completion import EARLY_RETURN_WAIT_S, NOT_BACK_LIMIT, STACKS_WAIT_S, Completion
+from cloud_elastic.driver.job.exit_status import reported_error_line
 from cloud_elastic.driver.launch.api import ExitStatus
+from cloud_elastic.protocol_reports import MAX_ERROR_LINE
 from tests.unit.job_view import T0, FakeJob, S
 
 pytestmark = pytest.mark.timeout(30)  # the first test may import torch (conftest)
@@ -65,6 +67,27 @@ def test_the_job_succeeds_once_everyone_is_gone_unless_a_worker_failed_after_com
     r1.state = S.EXITED
     completion.step_finishing(T0 + 32)
     assert not job.outcome.success and "after its training function returned" in job.outcome.reason
+
+
+def test_a_failure_after_completing_ends_the_job_with_the_error_the_worker_said_once_and_bounded() -> None:
+    # What the driver keeps of a worker's exit report (Adoption.exiting): its first line, bounded.
+    long = reported_error_line("OSError: the final save failed: " + "x" * 5000 + "\nTraceback (most recent call last):")
+    job, completion, (r0, r1) = running()
+    completion.completed(r0.worker_id, T0)
+    completion.completed(r1.worker_id, T0)
+    r0.error, r0.state = long, S.EXITED
+    completion.exited_after_completing(r0, ExitStatus(1))
+    crash = "RuntimeError: [enforce fail at pair.cc:553] Connection closed by peer"
+    r1.error, r1.state = crash, S.EXITED  # it said so, then crashed printing the same line: named once
+    completion.exited_after_completing(r1, ExitStatus(-6, last_error=crash))
+    completion.step_finishing(T0 + 1)
+    reason = job.outcome.reason
+    assert reason.startswith(f"rank 0 finished training, but worker {r0.worker_id} (rank 0) exited with code 1 after "
+                             f"its training function returned (commit 0, 0 optimizer step(s)): OSError: the final "
+                             f"save failed: xxx"), reason
+    assert len(long) == MAX_ERROR_LINE and "Traceback" not in reason and len(reason) < MAX_ERROR_LINE + 200, reason
+    failed = [fields for kind, fields in job.events if kind == "worker_failed"]
+    assert failed[0]["reason"].endswith(f"returned: {long}") and failed[1]["reason"].count(crash) == 1, failed
 
 
 def test_a_stalled_round_asks_for_stacks_then_is_aborted() -> None:

@@ -285,13 +285,14 @@ class Completion:
             job.abort()  # rank 0 waits, or will, in a collective that needs it
 
     def _failed_after_returning(self, w: WorkerRecord, what: str, **fields: object) -> None:
-        """``w`` ended badly (``what``) after its training function returned: the job fails naming it."""
-        line = (f"worker {w.worker_id} ({w.label}) {what} after its training function returned "
-                f"(commit {w.commit_seq}, {w.steps} optimizer step(s))")
+        """``w`` ended badly (``what``) after its training function returned: the job fails naming it and its error."""
+        what += " after its training function returned"
+        said = f": {w.error}" if w.error and w.error not in what else ""  # its exit report's, as in .failures
+        line = f"worker {w.worker_id} ({w.label}) {what} (commit {w.commit_seq}, {w.steps} optimizer step(s)){said}"
         self._failures.append(line)
         log.error("job %s: %s", self._job.job_id, line)
         self._job.emit("worker_failed", worker=w.worker_id, host=w.slot.host, slot=w.slot.index, rank=w.rank,
-                       reason=f"{what} after its training function returned", blacklisted_s=None, **fields)
+                       reason=what + said, blacklisted_s=None, **fields)
 
     def step_finishing(self, now: float) -> None:
         """The job is completing: it ends once every worker has gone (see module docstring).
