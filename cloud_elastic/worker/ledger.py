@@ -181,7 +181,8 @@ class CommitLedger:
         self.sync_begun = self.sync_known = False
         self.sync_pending: dict[str, Any] | None = None
         #: The round's first sync takes its facts from the last assignment (``protocol.Assignment.facts``: to rank 0
-        #: every member's as told at rendezvous; () elsewhere), not from a gather; None once taken, or after a commit.
+        #: every member's as told at rendezvous; () elsewhere), not from a gather; None once taken (by every member
+        #: alike: a commit in between, in a reset callback, is the survivors' alone, see ``commit.sync_facts``).
         self.told_facts: tuple[tuple[int, int, int], ...] | None = None
         #: Sharded training: the round of the last sync, and the hosts (cross ranks) that received this
         #: local rank's shards in it (the others held that commit already).
@@ -239,7 +240,6 @@ class CommitLedger:
         self._trained, self._in_a_row = fingerprint, True
         self._steps.clear()
         self.holds_commit = not self.following
-        self.told_facts = None  # what the members told at rendezvous is past
         self.commits += 1
         self._live_seq += 1
         self.commit_seq = self._live_seq

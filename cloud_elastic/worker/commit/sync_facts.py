@@ -19,9 +19,11 @@ parts), and every worker takes them there (:func:`learn`). A ``State`` whose own
 
 The first sync of a round needs no gather: every member said the same at rendezvous, and the driver tells rank 0
 in its assignment (``protocol.Assignment.facts``, ``ledger.told_facts``; rank 0 puts its own row as it is now, a
-checkpoint it loaded since included). What a member said there may be stale only if it committed between its
-rendezvous and the sync, which no member does (a commit drops what was told): a member that is not a receiver checks
-that it holds rank 0's commit when it learns the facts, and fails the sync (a new round) if it does not.
+checkpoint it loaded since included). What a member said there is stale if its commit changed between its rendezvous
+and the sync: a commit in a reset callback (a save, the survivors' alone: the newcomers run none, so what was told
+stays, or they would gather alone) makes it a receiver of rank 0's commit, which is safe. A member counted a holder
+that no longer holds rank 0's commit would keep its own state instead: it checks when it learns the facts, and fails
+the sync (a new round) if it does not hold it.
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ def begin(ctx: Any) -> None:
         learn(ledger, _facts(ledger, [(mine[0], bool(mine[1]))]))
         return
     if told is not None:  # told at rendezvous (rank 0's rows, by rank), so no gather
+        ledger.sync_hosts = None
         if ctx.info.rank == 0:
             rows = [(mine[0], mine[1], told[0][2]), *told[1:]]
             ledger.sync_hosts = [host for _, _, host in rows]
