@@ -78,6 +78,7 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=4)
     p.add_argument("--min-resets", type=int, default=0, help="keep training past --steps/--epochs until this many resets")
     p.add_argument("--commit-every", type=int, default=1, help="commit every N steps (without a sampler)")
+    p.add_argument("--commit-in-reset", action="store_true", help="the reset callback commits (and checks for updates)")
     p.add_argument("--block-at-step", type=int, default=-1,
                    help="the training thread blocks for good in native code inside this step (--only-slot)")
     p.add_argument("--return-at-step", type=int, default=-1,
@@ -140,6 +141,8 @@ def main() -> None:
     def on_reset() -> None:
         event("reset", rank=hvd.rank(), size=hvd.size(), executed=counters["executed"], step=state.step, **topology())
         counters["executed"] = state.step
+        if args.commit_in_reset:
+            state.commit()
 
     state.register_reset_callbacks([on_reset])
 

@@ -95,3 +95,18 @@ def test_elastic_sampler_processes_every_index_once_across_a_kill_a_grow_and_a_s
     # The kill happened mid-epoch 0: both sizes trained in it.
     assert any(e["size"] == 3 for e in batches if e["epoch"] == 0)
     assert any(e["size"] == 2 for e in batches if e["epoch"] == 0)
+
+
+def test_a_reset_callback_that_commits_does_not_hang_an_admission(jobs, tmp_path):
+    # Its commit's membership check was an allreduce of the round that had just formed, which its newcomer (it runs
+    # no reset callback: it waits in the state sync) never joined: the admission hung until --progress-timeout gave
+    # every holder up and the job ended "training state lost". In a reset callback a commit is a save.
+    hosts = HostsFile(tmp_path, ["127.0.0.1", "127.0.0.2"])
+    job = jobs(_run_args(hosts, "--max-np", "3", "--progress-timeout", "20",
+                         *probe_cmd("--commit-in-reset", "--min-resets", "1", "--steps", "30", "--step-sleep", "0.02")))
+    job.wait_event("commit", rank=0, step=3, timeout=60)
+    hosts.set(["127.0.0.1", "127.0.0.2", "127.0.0.3"])
+    assert job.finish(timeout=60) == 0, job.output()[-4000:]
+    assert {e["size"] for e in job.of("reset")} == {3}, job.output()[-4000:]  # the admission, where the callback committed
+    done = job.of("done")
+    assert len(done) == 3 and len({(e["step"], e["checksum"]) for e in done}) == 1, done

@@ -109,10 +109,14 @@ class State:
         self._reset_callbacks.extend(callbacks)
 
     def on_reset(self) -> None:
-        """Called by ``elastic.run`` once a new round has formed."""
+        """Called by ``elastic.run`` once a new round has formed, before its state sync."""
         self.reset()
-        for callback in self._reset_callbacks:
-            callback()
+        self._in_reset = True  # see commit()
+        try:
+            for callback in self._reset_callbacks:
+                callback()
+        finally:
+            self._in_reset = False
 
     def commit(self) -> None:
         """Save the state, then interrupt if membership is changing (on every worker at once).
@@ -123,10 +127,13 @@ class State:
         ctx.read_update_flag()
         self.save()
         ctx.ledger.note_commit(self, fingerprint(self))  # what it trained, for the driver's repeat guards
-        if getattr(ctx, "training_done", False):
+        if getattr(ctx, "training_done", False) or getattr(self, "_in_reset", False):
             # After ``elastic.run`` returned (the driver agreed the training is over): a save, nothing more. No
             # round follows to interrupt into, and its membership check was a collective: a final commit on
             # rank 0 alone (a script saving from rank 0) waited for peers that had exited and failed the job.
+            # In a reset callback too: the round has just formed, and its newcomers, which run no reset callback,
+            # wait in its state sync: the check's allreduce hung until the progress timeout gave every holder up
+            # ("training state lost"; review s66 rvT).
             return
         # Horovod's commit() is save() then self.check_host_updates(): a subclass that overrides it is called.
         self._just_committed = True
@@ -147,6 +154,8 @@ class State:
         states are one consistent point of the job's history on all of them.
         """
         ctx = get_context()
+        if getattr(self, "_in_reset", False):
+            return  # in a reset callback: the round has just formed, and a newcomer is not at this call (see commit)
         if ctx.updates_agreed():
             if not getattr(self, "_just_committed", False):  # called alone, not from commit()
                 # Not ``close()``: a window ended here rather than at ``commit()`` says nothing about whether
