@@ -37,7 +37,7 @@ from typing import Any, Mapping
 
 from cloud_elastic.errors import ControlPlaneError
 from cloud_elastic.protocol_reports import (  # there: this module is at its size bound
-    MAX_ADDRESSES, StacksReport, evidence_fields, fingerprint_field, fingerprint_wire)
+    MAX_ADDRESSES, StacksReport, evidence_fields, facts_field, fingerprint_field, fingerprint_wire)
 
 __all__ = [
     "RankInfo", "Assignment", "ExitOrder", "WaitReply", "RendezvousReply", "PollReply", "NextRound", "NextRoundReport",
@@ -95,7 +95,8 @@ class RankInfo:
 class Assignment:
     """Rendezvous reply: the worker's place in a formed round. It names no other member, so its size does not grow with
     the round's (the group's store tells the peers: ``worker.rounds.peers``), except to an older worker (``hosts``:
-    what it names a partition's peers from, see ``driver.job.partitions``); an older driver's ``hosts`` is ignored."""
+    what it names a partition's peers from, see ``driver.job.partitions``; an older driver's is ignored) and rank 0's
+    ``facts`` (three numbers a member, in rounds of at most ``MAX_TOLD_FACTS``)."""
 
     round: int
     ranks: RankInfo
@@ -109,18 +110,23 @@ class Assignment:
     #: Every member reads its peers' addresses in the round's store (``worker.rounds.peers``): write them there.
     peers_in_store: bool = False
     hosts: tuple[str, ...] = ()  # the round's hosts, each once: sent to an older worker only (not read back)
+    #: Not None: the round's first sync takes its facts from here, not from a gather (``worker.commit.sync_facts``): to
+    #: rank 0, every member's (commit_seq, holds_commit, host index) as it said at this rendezvous, by rank; () else.
+    facts: tuple[tuple[int, int, int], ...] | None = None
 
     def to_wire(self) -> dict[str, Any]:
         return dict(asdict(self.ranks), status="assigned", round=self.round, needs_sync=self.needs_sync,
                     update_gen=self.update_gen, from_checkpoint=self.from_checkpoint, planned=self.planned,
-                    peers_in_store=self.peers_in_store, **({"hosts": list(self.hosts)} if self.hosts else {}))
+                    peers_in_store=self.peers_in_store, **({"hosts": list(self.hosts)} if self.hosts else {}),
+                    **({"facts": [list(row) for row in self.facts]} if self.facts is not None else {}))
 
     @classmethod
     def from_wire(cls, msg: Mapping[str, Any]) -> "Assignment":
         what = "rendezvous assignment"
-        return cls(_int(msg, "round", what), _ranks(msg, what), _bool(msg, "needs_sync", what),
-                   _int(msg, "update_gen", what), bool(msg.get("from_checkpoint", False)),
-                   _optional_int(msg, "planned", what), msg.get("peers_in_store") is True)
+        ranks = _ranks(msg, what)
+        return cls(_int(msg, "round", what), ranks, _bool(msg, "needs_sync", what), _int(msg, "update_gen", what),
+                   bool(msg.get("from_checkpoint", False)), _optional_int(msg, "planned", what),
+                   msg.get("peers_in_store") is True, facts=facts_field(msg, what, ranks.rank, ranks.size))
 
 
 def _ranks(msg: Mapping[str, Any], what: str) -> RankInfo:
@@ -172,8 +178,7 @@ class NextRoundReport:
 
     @classmethod
     def from_wire(cls, msg: Mapping[str, Any]) -> "NextRoundReport":
-        what = "next round report"
-        reason = msg.get("reason")
+        reason, what = msg.get("reason"), "next round report"
         return cls(_int(msg, "plan", what), _bool(msg, "formed", what), reason[:300] if isinstance(reason, str) else "")
 
 
@@ -207,11 +212,8 @@ class WaitReply:
 
 @dataclass(frozen=True)
 class ReRegister:
-    """Reply of a restarted driver to a worker it does not know yet: send an :class:`AdoptRequest`.
-
-    A driver restarted within ``--driver-grace`` answers a rendezvous request
-    with it (a poll reply says the same with ``PollReply.reregister``).
-    """
+    """Reply of a restarted driver (within ``--driver-grace``) to a rendezvous request of a worker it does not know
+    yet: send an :class:`AdoptRequest` (a poll reply says the same with ``PollReply.reregister``)."""
 
     def to_wire(self) -> dict[str, Any]:
         return {"status": "reregister"}
@@ -258,12 +260,14 @@ class RendezvousRequest:
     unreachable: tuple[str, ...] = ()
     trained: str = ""
     addresses: tuple[str, ...] | None = None
+    takes_facts: bool = False  # it reads a sync's facts in its assignment (``Assignment.facts``): older ones gather
 
     def to_wire(self) -> dict[str, Any]:
         addresses = None if self.addresses is None else list(self.addresses[:MAX_ADDRESSES])
         return {"last_round": self.last_round, "reason": self.reason, "commits": self.commits, "rolled_back": self.rolled_back,
                 "commit_seq": self.commit_seq, "holds_commit": self.holds_commit, **fingerprint_wire(self.trained),
-                "unreachable": list(self.unreachable[:MAX_ADDRESSES]), "addresses": addresses}
+                "unreachable": list(self.unreachable[:MAX_ADDRESSES]), "addresses": addresses,
+                "takes_facts": self.takes_facts}
 
     @classmethod
     def from_wire(cls, msg: Mapping[str, Any]) -> "RendezvousRequest":
@@ -275,7 +279,7 @@ class RendezvousRequest:
         unreachable, addresses = evidence_fields(msg, what)
         return cls(_int(msg, "last_round", what), reason, _optional_int(msg, "commits", what),
                    _optional_int(msg, "rolled_back", what), _optional_int(msg, "commit_seq", what), holds,
-                   unreachable, fingerprint_field(msg, what), addresses)
+                   unreachable, fingerprint_field(msg, what), addresses, msg.get("takes_facts") is True)
 
 
 @dataclass(frozen=True)
@@ -370,18 +374,14 @@ class PollRequest:
     round: int
     update_gen: int
     abort_round: int
-    #: Commits the worker has made (its progress, for the driver and the events).
-    commits: int = 0
-    #: Position of its last commit in the job's history (see RendezvousRequest).
-    commit_seq: int = 0
+    commits: int = 0  # commits the worker has made (its progress, for the driver and the events)
+    commit_seq: int = 0  # position of its last commit in the job's history (see RendezvousRequest)
     #: A counter that grows whenever the worker makes progress: a commit, an optimizer step, a
     #: collective completed, or its training thread moving on outside collectives (see
     #: ``worker.link.progress``). The driver aborts a round whose members' counters all stand still.
     progress: int = 0
-    #: Optimizer steps the worker has taken in all (for reports).
-    steps: int = 0
-    #: How long its training thread has been waiting in one collective (0: not waiting).
-    waiting_s: float = 0.0
+    steps: int = 0  # optimizer steps the worker has taken in all (for reports)
+    waiting_s: float = 0.0  # how long its training thread has been waiting in one collective (0: not waiting)
     #: Its compute time per optimizer step (median of its recent steps in this round), when known.
     compute_s: float | None = None
     #: Its time per optimizer step in collectives (waiting on peers and sending), when known.

@@ -19,7 +19,8 @@ from cloud_elastic.notices.api import KINDS as NOTICE_KINDS
 __all__ = ["CHECKPOINT_EVENTS", "CHECKPOINT_FAILURES", "CheckpointReport", "DrainRequest", "ExitingReport",
            "NOTICE_KINDS", "NoticeReport", "StacksReport", "UNTOLD", "UnhealthyReport", "driver_retrying",
            "driver_unreachable", "fingerprint_field", "said_own_reason", "said_retrying", "said_unreachable",
-           "MAX_ADDRESSES", "address_field", "evidence_fields", "fingerprint_wire", "MAX_ERROR_LINE", "error_line"]
+           "MAX_ADDRESSES", "address_field", "evidence_fields", "fingerprint_wire", "MAX_ERROR_LINE", "error_line",
+           "MAX_TOLD_FACTS", "facts_field"]
 
 #: The most characters of the error a worker reports it ended with (``exiting``, ``completed``). A worker's own
 #: one-line refusals run past 300 characters, and their last words say where to read on (docs/porting.md).
@@ -157,6 +158,27 @@ def fingerprint_wire(trained: str) -> dict[str, Any]:
     ``trained``, as drivers before its mark read it (they refuse any other text there: a marked one cut a newer
     worker's heartbeats off), and its mark ``+`` as ``moved``, which they ignore. Read by :func:`fingerprint_field`."""
     return {"trained": trained.removeprefix("+"), "moved": trained.startswith("+")}
+
+
+#: The largest round whose rank 0 its assignment tells every member's sync facts (``protocol.Assignment.facts``);
+#: a bigger one gathers them, a collective whose cost is nothing beside such a round's.
+MAX_TOLD_FACTS = 1024
+
+
+def facts_field(msg: Mapping[str, Any], what: str, rank: int, size: int) -> tuple[tuple[int, int, int], ...] | None:
+    """An assignment's ``facts`` (``protocol.Assignment``): None when absent (the round's first sync gathers them);
+    () to any rank but 0; to rank 0, ``size`` rows of three non-negative integers, the second 0 or 1. ControlPlaneError
+    naming the field for anything else (read before anything is allocated by it: at most :data:`MAX_TOLD_FACTS` rows)."""
+    facts = msg.get("facts")
+    if facts is None:
+        return None
+    want = size if rank == 0 else 0
+    if not isinstance(facts, list) or len(facts) != want or want > MAX_TOLD_FACTS or not all(
+            isinstance(row, list) and len(row) == 3 and row[1] in (0, 1)
+            and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in row) for row in facts):
+        raise ControlPlaneError(f"malformed {what}: 'facts' must be {want} row(s) [commit, holds 0/1, host] to rank "
+                                f"{rank} of {size}")
+    return tuple((row[0], row[1], row[2]) for row in facts)
 
 
 def fingerprint_field(msg: Mapping[str, Any], what: str) -> str:

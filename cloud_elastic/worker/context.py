@@ -343,7 +343,8 @@ class WorkerContext(NextGroupMixin, DriverLinkMixin, RoundGroupsMixin, ExitingMi
         ledger = self.ledger
         request = RendezvousRequest(last_round, reason, ledger.commits, ledger.rolled_back, ledger.commit_seq,
                                     ledger.holds_commit, self.unreachable if reason == "failure" else (),
-                                    ledger.trained, own_addresses(self.hostname, self.interface)).to_wire()
+                                    ledger.trained, own_addresses(self.hostname, self.interface),
+                                    takes_facts=True).to_wire()
         self.unreachable = ()
         while True:
             reply = parse_rendezvous_reply(self._call("rendezvous", request, timeout_s=60.0))
@@ -360,7 +361,7 @@ class WorkerContext(NextGroupMixin, DriverLinkMixin, RoundGroupsMixin, ExitingMi
         info = RoundInfo(**vars(reply.ranks), round=reply.round, needs_sync=reply.needs_sync, update_gen=reply.update_gen,
                          from_checkpoint=reply.from_checkpoint, planned=reply.planned,
                          peers_in_store=reply.peers_in_store)
-        ledger.rolled_back = 0
+        ledger.rolled_back, ledger.told_facts = 0, reply.facts
         if self.backend == "nccl" and info.local_rank != self.settings.slot:
             # The GPU is the slot; a driver that disagrees would move this worker's group off its model.
             log.warning("worker %s: the driver assigned local rank %d to slot %d", self.worker_id, info.local_rank, self.settings.slot)

@@ -180,6 +180,10 @@ class CommitLedger:
         #: ``sync_receivers`` are this sync's).
         self.sync_begun = self.sync_known = False
         self.sync_pending: dict[str, Any] | None = None
+        #: The round's first sync takes its facts from the last assignment (``protocol.Assignment.facts``: to rank 0
+        #: every member's as told at rendezvous; () elsewhere), not from a gather; None once taken (by every member
+        #: alike: a commit in between, in a reset callback, is the survivors' alone, see ``commit.sync_facts``).
+        self.told_facts: tuple[tuple[int, int, int], ...] | None = None
         #: Sharded training: the round of the last sync, and the hosts (cross ranks) that received this
         #: local rank's shards in it (the others held that commit already).
         self.shard_sync: tuple[int, list[int]] = (0, [])

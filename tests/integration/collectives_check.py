@@ -75,6 +75,27 @@ def broadcast_state_sizes(rank: int) -> bool:
     return ok and got["ids"] == keeps["ids"] and torch.equal(got["t"], keeps["t"])
 
 
+class Opaque:
+    """A class torch.save pickles and no weights_only load builds (nobody allowlists it)."""
+
+
+def broadcast_state_refused(rank: int) -> bool:
+    """Rank 0's state holds an object a receiver's decode refuses, small and of over 64 KiB: every worker raises
+    the StateSyncError naming it (rank 0's names the part) and none is left behind in a collective: the next
+    broadcast of a plain state arrives whole everywhere."""
+    from cloud_elastic.worker.comm import collectives, statecodec
+    seen = []
+    for extra in ([], list(range(40_000))):
+        state = statecodec.Parts({"fine": {"ids": extra}, "bad": {"x": Opaque()}}) if rank == 0 else None
+        try:
+            collectives.broadcast_state(state, 0, "refused check")
+            seen.append("")
+        except statecodec.StateSyncError as exc:
+            seen.append(str(exc))
+    named = all("Opaque" in line for line in seen) and (rank != 0 or all(line.startswith("bad ") for line in seen))
+    return named and collectives.broadcast_state({"after": 1} if rank == 0 else None, 0, "after") == {"after": 1}
+
+
 def gather_rows(rank: int) -> bool:
     """Every worker's row on rank 0, in rank order; nothing elsewhere."""
     from cloud_elastic.worker.comm import collectives
@@ -152,6 +173,7 @@ def main() -> None:
     checks["broadcast_parameters"] = broadcast_parameters_packed(rank)
     checks["broadcast_to_receivers"] = broadcast_to_receivers(rank)
     checks["broadcast_state_sizes"] = broadcast_state_sizes(rank)
+    checks["broadcast_state_refused"] = broadcast_state_refused(rank)
     checks["gather_rows"] = gather_rows(rank)
     checks["sync_facts_alone"] = sync_facts_alone(rank)
     checks["heal_buffers_from_rank0"] = heal_buffers_from_rank0(rank)

@@ -7,7 +7,8 @@ first state sync of a round of three (a newcomer the test adds by discovery
 joins the two that train), while its peers are in that sync:
 
 - ``attributes``: as the sync's small parts (plain attributes, optimizer state's skeleton) are
-  broadcast, its first transfer after the commit sequences' exchange;
+  broadcast, its first transfer: once their first bytes came from rank 0 (so its peers are in the
+  sync: a newcomer told its round's facts at rendezvous waits there before they switch rounds);
 - ``parameters``: then, as the model's parameters are sent (healed from the peers that hold the commit);
 - ``optimizer``: then, as the optimizer state's tensors are sent;
 - ``stop``: at ``attributes``, SIGSTOP instead of SIGKILL (the driver gives it up for silence).
@@ -48,17 +49,30 @@ POINTS = {
 
 
 def die_in_sync(point: str) -> None:
-    """Make this worker die as it enters ``point``'s transfer in a round of three or more."""
+    """Make this worker die as it enters ``point``'s transfer in a round of three or more (a receiver of the small
+    parts: once their first bytes came)."""
     owner, function, name = POINTS[point]
     original = getattr(owner, function)
 
+    def die() -> None:
+        if point == "stop":
+            event("stopping", pid=os.getpid())
+            os.kill(os.getpid(), signal.SIGSTOP)
+        else:
+            os.kill(os.getpid(), signal.SIGKILL)
+
     def dying(*args, **kwargs):
         if hvd.size() >= 3 and (args[2] if len(args) > 2 else kwargs.get("name")) == name:
-            if point == "stop":
-                event("stopping", pid=os.getpid())
-                os.kill(os.getpid(), signal.SIGSTOP)
+            if owner is collectives and hvd.rank() != 0:  # a receiver: once rank 0 sent the first bytes
+                transfer = collectives.broadcast_
+
+                def arrived(*a, **k):
+                    out = transfer(*a, **k)
+                    die()
+                    return out
+                collectives.broadcast_ = arrived
             else:
-                os.kill(os.getpid(), signal.SIGKILL)
+                die()
         return original(*args, **kwargs)
 
     setattr(owner, function, dying)  # the sync looks it up at each call

@@ -88,8 +88,8 @@ def test_collectives_and_gradient_averaging_across_workers(jobs):
     assert sorted(r["rank"] for r in rows) == [0, 1, 2], job.output()
     for row in rows:
         for name in ("gradient_average", "allreduce_average", "allreduce_sum", "allgather_ragged", "broadcast_object", "broadcast",
-                     "broadcast_parameters", "broadcast_to_receivers", "broadcast_state_sizes", "gather_rows", "sync_facts_alone",
-                     "heal_buffers_from_rank0"):
+                     "broadcast_parameters", "broadcast_to_receivers", "broadcast_state_sizes", "broadcast_state_refused",
+                     "gather_rows", "sync_facts_alone", "heal_buffers_from_rank0"):
             assert row[name] is True, (name, row)
         # rank: (local_rank, local_size, cross_rank, cross_size)
         assert row["topology"] == [[0, 2, 0, 2], [1, 2, 0, 1], [0, 1, 1, 2]]

@@ -170,12 +170,12 @@ class ElasticJob(JobState):
 
     def rendezvous(self, worker_id: str, last_round: int, reason: str, now: float, commits: int | None = None,
                    rolled_back: int = 0, commit_seq: int | None = None, holds_commit: bool = True,
-                   unreachable: tuple[str, ...] = (), *, trained: str = "", addresses: tuple[str, ...] | None = None
-                   ) -> None:
+                   unreachable: tuple[str, ...] = (), *, trained: str = "", addresses: tuple[str, ...] | None = None,
+                   takes_facts: bool = False) -> None:
         """A worker arrived at rendezvous, having left ``last_round`` with ``commits`` commits made (after a failure,
         ``rolled_back`` steps undone and the ``unreachable`` addresses its group never reached; ``addresses``: its
         host's; see .partitions), holding the commit ``commit_seq`` unless ``holds_commit`` is False (see
-        ``worker.ledger``), whose state's fingerprint is ``trained`` (see .repeats.Trained)."""
+        ``worker.ledger``), whose state's fingerprint is ``trained`` (see .repeats.Trained); ``takes_facts``: see WorkerRecord."""
         w = self.workers.get(worker_id)
         if w is None or not w.alive:
             return
@@ -191,11 +191,11 @@ class ElasticJob(JobState):
             rounds.steps_lost = rolled_back
         if w.state is S.STARTING:
             w.to(S.CONNECTED)
-        # A repeated long-poll for the same round changes nothing; once the
-        # worker has been assigned a newer round, it waits for that reply.
+        # A repeated long-poll for the same round changes nothing; once assigned a newer round, it waits for that reply.
         if w.round <= last_round and w.state in (S.CONNECTED, S.RUNNING, S.DRAINING):
             was_member = w.member_of(self.round)
             w.rdzv_reason, w.unreachable, w.addresses = reason, unreachable, addresses
+            w.sync_row, w.takes_facts = (commit_seq or 0, int(holds_commit)), takes_facts
             if w.state is S.DRAINING and self.capacity.sourcing is not None:  # the last holder of the state stays
                 self.capacity.sourcing.keep_holder(w, failed=reason == "failure")
             if w.state is S.DRAINING and reason == "failure":  # back from a failure, not leaving at a commit

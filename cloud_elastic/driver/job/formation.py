@@ -34,7 +34,7 @@ from cloud_elastic.driver.job.actions import Phase
 from cloud_elastic.driver.job.hosts import Slot
 from cloud_elastic.driver.job.next_round import NextRounds, Plan
 from cloud_elastic.driver.job.partitions import Partitions, round_hosts
-from cloud_elastic.driver.job.ranks import Member, assign_ranks
+from cloud_elastic.driver.job.ranks import Member, assign_ranks, facts_rows, tells_facts
 from cloud_elastic.driver.job.plan import Candidate, RoundPlan, StateLost, plan_round, whole_host_groups
 from cloud_elastic.driver.job.spares import (admit, doubtful, has_room, source_rank, spare_key, spare_slots,
                                              spares_now)
@@ -117,6 +117,9 @@ class RoundFormation:
         #: The current round's hosts, each once, when it has an older worker (one that gave no addresses): told to
         #: those only (``Assignment.hosts``), the hosts it names in its evidence of a partition (see .partitions).
         self.hosts: tuple[str, ...] = ()
+        #: Rank 0's facts of the current round's first sync, told in its assignment (``protocol.Assignment.facts``:
+        #: the other members are told that they are told), or None: the sync gathers them.
+        self.facts: tuple[tuple[int, int, int], ...] | None = None
         #: Rounds that keep failing to form with the same members (see :mod:`.partitions`).
         self.partitions = Partitions(job, lambda w, why: drains.send_away(w, why))
 
@@ -336,9 +339,10 @@ class RoundFormation:
         if w.state is S.WAITING:
             return self.next.assignment_for(w)
         if w.state in (S.RUNNING, S.DRAINING) and w.round == job.round and self.ranks is not None:
-            return Assignment(job.round, self.ranks[w.worker_id], self.needs_sync, self.round_update_gen,
-                              self.from_checkpoint, self.planned, self.peers_in_store,
-                              self.hosts if w.addresses is None else ())
+            ranks = self.ranks[w.worker_id]
+            return Assignment(job.round, ranks, self.needs_sync, self.round_update_gen, self.from_checkpoint,
+                              self.planned, self.peers_in_store, self.hosts if w.addresses is None else (),
+                              None if self.facts is None else self.facts if ranks.rank == 0 else ())
         return None
 
     def rank0(self) -> WorkerRecord | None:
@@ -359,7 +363,7 @@ class RoundFormation:
         self.round_update_gen = update_gen
         self.needs_sync = False
         self.from_checkpoint = False
-        self.planned, self.peers_in_store = 0, False
+        self.planned, self.peers_in_store, self.facts = 0, False, None
         self.hosts = round_hosts(self._job.workers[wid] for wid in ranks if wid in self._job.workers)
         self._on_formed(self._job.running(now))
 
@@ -450,6 +454,9 @@ class RoundFormation:
             self.planned, self.peers_in_store = 0, all(w.addresses is not None for w in ordered)
         self.hosts = () if self.peers_in_store else round_hosts(ordered)
         self.needs_sync = plan.needs_sync
+        told = planned.facts if planned is not None else (plan.needs_sync and not plan.from_checkpoint
+                                                          and tells_facts(ordered))
+        self.facts = facts_rows(sorted(ordered, key=lambda w: self.ranks[w.worker_id].rank)) if told else None
         self.from_checkpoint = plan.from_checkpoint
         self.round_update_gen = job.update_gen
         job.failure_since_round = False

@@ -50,7 +50,7 @@ from typing import Callable
 from cloud_elastic.driver.job.actions import Phase
 from cloud_elastic.driver.job.partitions import round_hosts
 from cloud_elastic.driver.job.plan import Candidate, RoundPlan, plan_round
-from cloud_elastic.driver.job.ranks import Member, assign_ranks
+from cloud_elastic.driver.job.ranks import Member, assign_ranks, tells_facts
 from cloud_elastic.driver.job.view import JobView
 from cloud_elastic.driver.job.workers import WorkerRecord, WorkerState
 from cloud_elastic.protocol import Assignment, NextRound, RankInfo
@@ -82,6 +82,8 @@ class Plan:
     peers_in_store: bool = False
     #: Its hosts when it has an older worker, told to those only (``formation.RoundFormation.hosts``).
     hosts: tuple[str, ...] = ()
+    #: Its round is told its sync's facts (``protocol.Assignment.facts``): its newcomers learn so before it forms.
+    facts: bool = False
     offered_at: float | None = None
     formed: set[str] = field(default_factory=set)
     armed: bool = False
@@ -139,10 +141,11 @@ class NextRounds:
         ordered = [job.workers[c.worker_id] for c in planned.members]
         self._count += 1
         every = all(w.addresses is not None for w in ordered)
-        self.plan = Plan(self._count, job.round + 1,
-                         assign_ranks([Member(w.worker_id, w.slot.host, w.slot.index) for w in ordered]),
-                         frozenset(w.worker_id for w in running), job.update_gen + 1, every,
-                         () if every else round_hosts(ordered))
+        ranks = assign_ranks([Member(w.worker_id, w.slot.host, w.slot.index) for w in ordered])
+        staying = frozenset(w.worker_id for w in running)
+        told = tells_facts(ordered) and next(i for i, r in ranks.items() if r.rank == 0) in staying
+        self.plan = Plan(self._count, job.round + 1, ranks, staying, job.update_gen + 1, every,
+                         () if every else round_hosts(ordered), told)
         self.version += 1
         log.info("job %s: round %d planned (plan %d, %d worker(s)); its members form its group in the background: %s",
                  job.job_id, self.plan.round, self.plan.plan, len(ordered),
@@ -173,7 +176,7 @@ class NextRounds:
             return None
         self.told[w.worker_id] = plan.plan
         return Assignment(plan.round, plan.ranks[w.worker_id], True, plan.update_gen, False, plan.plan,
-                          plan.peers_in_store, plan.hosts if w.addresses is None else ())
+                          plan.peers_in_store, plan.hosts if w.addresses is None else (), () if plan.facts else None)
 
     def _returned(self, plan: Plan) -> bool:
         """Whether a running member of ``plan`` returned from its training function (told before the job's next

@@ -9,11 +9,12 @@ never changes hands between rounds.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 from cloud_elastic.protocol import RankInfo
+from cloud_elastic.protocol_reports import MAX_TOLD_FACTS
 
-__all__ = ["Member", "RankInfo", "assign_ranks"]
+__all__ = ["Member", "RankInfo", "assign_ranks", "tells_facts", "facts_rows"]
 
 
 @dataclass(frozen=True)
@@ -64,3 +65,17 @@ def assign_ranks(members: Sequence[Member]) -> dict[str, RankInfo]:
             cross_size=len(peers),
         )
     return result
+
+
+def tells_facts(members: Sequence[Any]) -> bool:
+    """Whether a round of these workers (``WorkerRecord``) is told its first sync's facts at rendezvous
+    (``protocol.Assignment.facts``): every member reads them there, and the round is at most
+    ``MAX_TOLD_FACTS`` strong (a bigger one gathers them on its own)."""
+    return 0 < len(members) <= MAX_TOLD_FACTS and all(w.takes_facts for w in members)
+
+
+def facts_rows(members: Sequence[Any]) -> tuple[tuple[int, int, int], ...]:
+    """Rank 0's facts of the round of ``members`` (``WorkerRecord``, in rank order): each one's commit and whether it
+    holds it, as it said at this rendezvous (``sync_row``), and an index of its host (the same for a host's workers)."""
+    hosts: dict[str, int] = {}
+    return tuple((*w.sync_row, hosts.setdefault(w.slot.host, len(hosts))) for w in members)

@@ -91,6 +91,10 @@ class WorkerRecord:
     commit_seq: int = 0
     #: It said at its last rendezvous that it cannot restore its last commit exactly.
     commit_lost: bool = False
+    #: What it said there, exactly, of that commit: (``commit_seq``, ``holds_commit`` as 0 or 1), and whether it reads
+    #: its round's sync facts in its assignment (``protocol.Assignment.facts``, told by :mod:`.formation`).
+    sync_row: tuple[int, int] = (0, 0)
+    takes_facts: bool = False
     #: A fallback worker the job no longer wants (:mod:`.sourcing`): it trains on until its replacements hold the
     #: state, and holds no place in the next round, as a last holder on a leaving host (:mod:`.formation`).
     replaced: bool = False

@@ -174,7 +174,7 @@ class ControlPlane:
         request = RendezvousRequest.from_wire(msg)
         self._job.rendezvous(worker_id, request.last_round, request.reason, now, request.commits,
                              request.rolled_back, request.commit_seq, request.holds_commit, request.unreachable,
-                             trained=request.trained, addresses=request.addresses)
+                             trained=request.trained, addresses=request.addresses, takes_facts=request.takes_facts)
         self._record_events()  # a round this arrival formed is recorded before anyone is told of it
         # Only the requests this arrival answered (a round formed) are answered now; the
         # loop need not tick for an arrival, the job has already done what it changes.

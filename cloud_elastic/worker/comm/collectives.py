@@ -16,7 +16,7 @@ from __future__ import annotations
 import ctypes
 import io
 import pickle
-from typing import Any, Iterable, Mapping, Sequence, Union
+from typing import Any, Callable, Iterable, Mapping, Sequence, Union
 
 import torch
 import torch.distributed as dist
@@ -257,7 +257,7 @@ def _takes_part(ctx: Any, cross: bool, root_rank: int, receivers: Sequence[int] 
 
 
 def broadcast_(tensor: torch.Tensor, root_rank: int = 0, name: str | None = None, *, cross: bool = False,
-               receivers: Sequence[int] | None = None) -> torch.Tensor:
+               receivers: Sequence[int] | None = None, meanwhile: Callable[[], None] | None = None) -> torch.Tensor:
     """Overwrite ``tensor`` with ``root_rank``'s value, in place; return it.
 
     ``cross``: over this worker's cross-host group (sharded training: the same local
@@ -265,6 +265,7 @@ def broadcast_(tensor: torch.Tensor, root_rank: int = 0, name: str | None = None
     ``receivers``: the ranks that need the value (None: every one). Given, the root
     sends it to each of them point to point, all at once, and the other workers take
     no part: their ``tensor`` is left as it is (see :func:`needing`).
+    ``meanwhile``: on the root, called once the value is on its way, before the wait for it to be sent.
     """
     wire = carrier(tensor.dtype, "broadcast", reduces=False, complex_native=True)
     ctx = get_context()
@@ -281,16 +282,24 @@ def broadcast_(tensor: torch.Tensor, root_rank: int = 0, name: str | None = None
         group = (ctx.cross_group if cross else ctx.group)(what)
         opts = dist.BroadcastOptions()
         opts.rootRank = root_rank
-        ctx.wait(group.broadcast([work_tensor], opts), what)
+        _wait_after(ctx, [group.broadcast([work_tensor], opts)], what, meanwhile if me == root_rank else None)
     elif me == root_rank:
-        for work in [ctx.point_to_point(what, lambda g, r=rank: g.send([work_tensor], r, 0), cross=cross)
-                     for rank in receivers]:
-            ctx.wait(work, what)
+        _wait_after(ctx, [ctx.point_to_point(what, lambda g, r=rank: g.send([work_tensor], r, 0), cross=cross)
+                          for rank in receivers], what, meanwhile)
     else:
         ctx.wait(ctx.point_to_point(what, lambda g: g.recv([work_tensor], root_rank, 0), cross=cross), what)
     if staged is not target:
         target.copy_(staged)
     return tensor
+
+
+def _wait_after(ctx: Any, works: list[Any], what: str, meanwhile: Callable[[], None] | None) -> None:
+    try:  # ``works`` are waited for even when ``meanwhile`` raised
+        if meanwhile is not None:
+            meanwhile()
+    finally:
+        for work in works:
+            ctx.wait(work, what)
 
 
 def gather_rows(row: torch.Tensor, name: str) -> torch.Tensor | None:
@@ -367,7 +376,8 @@ def broadcast_state(obj: Any = None, root_rank: int = 0, name: str = "state", *,
 
     Used by ``sync()``: encoded with ``torch.save`` and decoded with
     ``weights_only=True`` (see ``statecodec``). If the root's object cannot be
-    carried that way, every worker raises the same ``StateSyncError``.
+    carried that way, every worker raises a ``StateSyncError`` (the root's own
+    decode of the bytes runs while they are on their way, naming the part to blame).
     ``cross`` and ``receivers``: as :func:`broadcast_` (a worker that takes no
     part gets its own ``obj`` back, and does not learn of a root's error).
     """
@@ -379,9 +389,10 @@ def broadcast_state(obj: Any = None, root_rank: int = 0, name: str = "state", *,
     root = _my_rank(ctx, cross) == root_rank
     error = ""
     data = b""
+    refused: list[statecodec.StateSyncError | None] = []  # the root's own decode of it, run on its way (below)
     if root:
         try:
-            data = statecodec.encode(obj, name)
+            data = statecodec.encode(obj, name, check=False)
         except statecodec.StateSyncError as exc:
             error = str(exc)[:_INLINE_BYTES // 4]  # one collective carries it (4: the most bytes a character takes)
             data = error.encode()
@@ -393,12 +404,13 @@ def broadcast_state(obj: Any = None, root_rank: int = 0, name: str = "state", *,
         first = data[:_INLINE_BYTES]
         if first:
             head[8: 8 + len(first)] = torch.frombuffer(bytearray(first), dtype=torch.uint8)
-    broadcast_(head, root_rank, name, cross=cross, receivers=receivers)
+    check = (lambda: refused.append(statecodec.refusal(obj, data, name))) if root and not error else None
+    broadcast_(head, root_rank, name, cross=cross, receivers=receivers, meanwhile=check)
     n = int(head[:8].view(torch.int64).item())
     if root:
         payload = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
     else:
-        _check_length(n, name)  # before allocating by it: the header came from the network
+        statecodec.check_length(n, name, _INLINE_BYTES)  # before allocating by it: the header came from the network
         payload = torch.empty(abs(n), dtype=torch.uint8)
         payload[: min(abs(n), _INLINE_BYTES)] = head[8: 8 + min(abs(n), _INLINE_BYTES)]
     if abs(n) > _INLINE_BYTES:
@@ -406,17 +418,11 @@ def broadcast_state(obj: Any = None, root_rank: int = 0, name: str = "state", *,
         broadcast_(rest, root_rank, name, cross=cross, receivers=receivers)
     if n < 0:  # the root could not encode it: everyone fails alike, nobody waits for a peer
         raise statecodec.StateSyncError(error or ctypes.string_at(payload.data_ptr(), payload.numel()).decode(errors="replace"))
+    if refused and refused[0] is not None:  # every receiver's decode of the same bytes fails alike
+        raise refused[0]
     if root:
         return obj
     return statecodec.decode(ctypes.string_at(payload.data_ptr(), payload.numel()), name)
-
-
-def _check_length(n: int, name: str) -> None:
-    """StateSyncError, in one line, for a length header no root sends: a state over ``statecodec.MAX_BYTES`` (the
-    root refuses to encode one), or an error message (a negative length) longer than one collective carries."""
-    if n > statecodec.MAX_BYTES or n < -_INLINE_BYTES:
-        raise statecodec.StateSyncError(f"{name}: rank 0's header announces {n} bytes, outside -{_INLINE_BYTES} to "
-                                        f"{statecodec.MAX_BYTES}: corrupt or forged traffic")
 
 
 #: A state of at most this many bytes is broadcast in one collective with its length (see :func:`broadcast_state`).

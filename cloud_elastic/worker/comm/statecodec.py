@@ -42,7 +42,7 @@ from cloud_elastic.torch_archive import stored_records
 from cloud_elastic.worker.settings import CHECKPOINT_DIR_ENV
 
 __all__ = ["MIN_TORCH", "MAX_BYTES", "StateSyncError", "Parts", "check_torch_version", "check_attributes", "encode",
-           "decode"]
+           "refusal", "check_length", "decode"]
 
 #: The most bytes one encoded state may take (a sync's small parts: attributes, samplers' positions,
 #: skeletons). Fixed rather than derived from the receiver's own state, which a newcomer may not have
@@ -85,14 +85,15 @@ class Parts(dict):
     synced is named by its part, as it would be sent alone."""
 
 
-def encode(obj: Any, what: str) -> bytes:
-    """``obj`` as bytes that :func:`decode` accepts; StateSyncError if it could not load them."""
+def encode(obj: Any, what: str, *, check: bool = True) -> bytes:
+    """``obj`` as bytes that :func:`decode` accepts; StateSyncError if it could not load them (``check=False``:
+    the caller runs :func:`refusal` on them itself, e.g. while they are on their way: see ``collectives.broadcast_state``).
+    """
     if isinstance(obj, Parts):
         try:
-            return encode(dict(obj), what)
+            return encode(dict(obj), what, check=check)
         except StateSyncError:
-            for name, part in obj.items():  # the part to blame, in its own words
-                encode(part, name)
+            _blame(obj)
             raise
     buf = io.BytesIO()
     try:
@@ -103,8 +104,39 @@ def encode(obj: Any, what: str) -> bytes:
     if len(data) > MAX_BYTES:
         raise StateSyncError(f"{what} cannot be synced: {len(data)} bytes encoded, more than the {MAX_BYTES} a sync "
                              "carries; keep big tensors in the model or optimizer, whose tensors travel as tensors")
-    decode(data, what)  # refuse here what every receiver would refuse, before anything is sent
+    if check:
+        decode(data, what)  # refuse here what every receiver would refuse, before anything is sent
     return data
+
+
+def refusal(obj: Any, data: bytes, what: str) -> StateSyncError | None:
+    """The StateSyncError with which a receiver would refuse ``data`` (:func:`encode`'s ``check=False`` bytes of
+    ``obj``: every receiver decodes them alike), naming the part of a :class:`Parts` to blame; None if none would."""
+    try:
+        decode(data, what)
+    except StateSyncError as exc:
+        try:
+            if isinstance(obj, Parts):
+                _blame(obj)
+        except StateSyncError as blamed:
+            return blamed
+        return exc
+    return None
+
+
+def check_length(n: int, what: str, inline: int) -> None:
+    """StateSyncError, in one line, for a length header no root sends: a state over :data:`MAX_BYTES` (the root
+    refuses to encode one), or an error message (a negative length) longer than the ``inline`` bytes of the
+    header's collective (``collectives.broadcast_state``)."""
+    if n > MAX_BYTES or n < -inline:
+        raise StateSyncError(f"{what}: rank 0's header announces {n} bytes, outside -{inline} to {MAX_BYTES}: "
+                             "corrupt or forged traffic")
+
+
+def _blame(parts: Parts) -> None:
+    """The first part of ``parts`` that cannot be synced, in its own words (StateSyncError), if one alone cannot."""
+    for name, part in parts.items():
+        encode(part, name)
 
 
 def decode(data: bytes, what: str) -> Any:

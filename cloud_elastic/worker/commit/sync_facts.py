@@ -8,7 +8,7 @@ anything moves, each worker must learn rank 0's ``commit_seq`` and the set of
 receivers, and a newcomer what rank 0's loop showed of its commit window
 (``ledger.CommitWindow``).
 
-It costs one gather and no collective of its own after it: :func:`begin`
+It costs one gather at most and no collective of its own after it: :func:`begin`
 (``elastic.run``, before ``state.sync()``) gathers every worker's live commit
 sequence, whether it holds that commit and a key of its host to rank 0, which works out the facts
 (:func:`receivers`); they then ride, as :func:`carried`, in the first broadcast
@@ -16,6 +16,14 @@ the sync makes anyway (``ObjectState``'s and ``TorchState``'s, of their small
 parts), and every worker takes them there (:func:`learn`). A ``State`` whose own
 ``sync()`` carries nothing gets them in a broadcast of their own afterwards
 (:func:`ensure_known`), before the synced state is held as the new commit.
+
+The first sync of a round needs no gather: every member said the same at rendezvous, and the driver tells rank 0
+in its assignment (``protocol.Assignment.facts``, ``ledger.told_facts``; rank 0 puts its own row as it is now, a
+checkpoint it loaded since included). What a member said there is stale if its commit changed between its rendezvous
+and the sync: a commit in a reset callback (a save, the survivors' alone: the newcomers run none, so what was told
+stays, or they would gather alone) makes it a receiver of rank 0's commit, which is safe. A member counted a holder
+that no longer holds rank 0's commit would keep its own state instead: it checks when it learns the facts, and fails
+the sync (a new round) if it does not hold it.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ import torch
 
 from cloud_elastic.worker.comm import collectives
 from cloud_elastic.worker.comm.statecodec import Parts, StateSyncError
+from cloud_elastic.worker.exceptions import CollectiveError
 
 __all__ = ["begin", "receivers", "carried", "learn", "share", "ensure_known", "end", "NAME"]
 
@@ -50,10 +59,18 @@ def begin(ctx: Any) -> None:
     """Gather the facts to rank 0 (every worker of the round calls it, before ``state.sync()``)."""
     ledger = ctx.ledger
     ledger.sync_begun, ledger.sync_known, ledger.sync_pending = True, False, None
+    told, ledger.told_facts = ledger.told_facts, None  # the round's first sync only: on every member alike
     mine = [ledger.live_commit_seq, int(ledger.holds_commit), zlib.crc32(str(getattr(ctx, "hostname", "")).encode())]
     if ctx.standalone or ctx.info is None:
         ledger.sync_hosts = [mine[2]]
         learn(ledger, _facts(ledger, [(mine[0], bool(mine[1]))]))
+        return
+    if told is not None:  # told at rendezvous (rank 0's rows, by rank), so no gather
+        ledger.sync_hosts = None
+        if ctx.info.rank == 0:
+            rows = [(mine[0], mine[1], told[0][2]), *told[1:]]
+            ledger.sync_hosts = [host for _, _, host in rows]
+            ledger.sync_pending = _facts(ledger, [(seq, bool(holds)) for seq, holds, _ in rows])
         return
     rows = collectives.gather_rows(torch.tensor(mine, dtype=torch.int64), NAME)
     ledger.sync_hosts = None if rows is None else [int(host) for _, _, host in rows.tolist()]
@@ -76,8 +93,10 @@ def carried(ctx: Any) -> tuple[bool, dict[str, Any] | None]:
     return not ledger.sync_known, ledger.sync_pending
 
 
-def learn(ledger: Any, facts: dict[str, Any] | None, size: int | None = None) -> None:
-    """Take rank 0's facts (received in a broadcast from a round of ``size`` workers, or worked out here)."""
+def learn(ledger: Any, facts: dict[str, Any] | None, size: int | None = None, rank: int = 0) -> None:
+    """Take rank 0's facts (received by ``rank`` in a broadcast from a round of ``size`` workers, or worked out here).
+    CollectiveError (the sync fails, and a new round forms) if they keep this worker's own state, which is not rank
+    0's commit: what it told at rendezvous was stale (see the module docstring)."""
     if ledger.sync_known:
         return
     if not isinstance(facts, dict):
@@ -91,6 +110,10 @@ def learn(ledger: Any, facts: dict[str, Any] | None, size: int | None = None) ->
     if size is not None and (len(set(ranks)) != len(ranks) or not all(0 < rank < size for rank in ranks)):
         raise StateSyncError(f"{NAME}: rank 0 names {len(ranks)} receiver(s) {str(ranks)[:80]}, not distinct ranks "
                              f"of 1 to {size - 1}: corrupt or forged")
+    if rank and rank not in ranks and (ledger.live_commit_seq != root_seq or not ledger.holds_commit):
+        raise CollectiveError(f"{NAME}: rank 0 counts this worker (rank {rank}) a holder of its commit {root_seq}, but "
+                              f"it holds commit {ledger.live_commit_seq}{'' if ledger.holds_commit else ' inexactly'}: "
+                              "a stale account; the round starts over")
     ledger.window.learn(has_collectives, confirmed=confirmed)
     ledger.sync_root_seq = root_seq
     ledger.sync_receivers = ranks
@@ -106,7 +129,8 @@ def share(ctx: Any, parts: Callable[[dict[str, Any] | None], dict[str, Any]], na
     if ctx.info is not None and ctx.info.size > 1:  # alone, nobody to send to: nothing to encode either
         small = collectives.broadcast_state(small, 0, name)
     if carry:
-        learn(ctx.ledger, small.get(NAME) if isinstance(small, dict) else None, None if ctx.info is None else ctx.info.size)
+        learn(ctx.ledger, small.get(NAME) if isinstance(small, dict) else None, None if ctx.info is None else ctx.info.size,
+              0 if ctx.info is None else ctx.info.rank)
     return small
 
 
@@ -114,7 +138,7 @@ def ensure_known(ctx: Any) -> None:
     """After ``state.sync()``: the facts in a broadcast of their own if the sync carried none."""
     ledger = ctx.ledger
     if ledger.sync_begun and not ledger.sync_known:
-        learn(ledger, collectives.broadcast_state(ledger.sync_pending, 0, NAME), ctx.info.size)
+        learn(ledger, collectives.broadcast_state(ledger.sync_pending, 0, NAME), ctx.info.size, ctx.info.rank)
 
 
 def end(ledger: Any) -> None:
