@@ -26,4 +26,6 @@ def test_more_simulated_workers_than_one_address_may_hold_unsigned_are_all_answe
     live = driver_scale.live_driver(workers, seconds=0.5, settle_s=0.5)
     assert live["failed_calls"] == 0
     assert live["workers_lost"] == 0
-    assert live["polls_per_s"] > 0
+    # every simulated worker had an answer: a count over the 0.5 s window could be 0 on a machine that
+    # starved the driver through it (CI once paused it for 2.7 s), which says nothing about the quota
+    assert live["workers_answered"] == workers
