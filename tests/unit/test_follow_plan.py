@@ -177,3 +177,20 @@ def test_a_quiet_commit_moves_nothing_and_the_next_one_moves_the_first_pieces():
     at_commit(ctx, state)  # the switching commit: no collective (none could run here), nothing sent
     assert (window.boundary, window.bytes, window.quiet, window.digests) == (0, 0, False, [])
     assert ctx.following is window  # the window goes on; the next commit sends its first pieces
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.uint8, torch.float64])
+@pytest.mark.parametrize("start,stop", [(0, 64), (1, 64), (3, 40), (5, 6)])
+def test_a_pieces_digest_depends_on_its_bytes_alone_and_sees_one_changed_element(dtype, start, stop):
+    # A holder's view and a follower's may lie at different offsets of their storages (alignment) and still be
+    # the same bytes; one element that differs is a different digest, so the window ends with the whole sync.
+    from cloud_elastic.worker.commit.follow import _digest
+
+    torch.manual_seed(1)
+    source = (torch.rand(64) * 200).to(dtype)
+    holder = source[start:stop]
+    follower = torch.cat([torch.zeros(3, dtype=dtype), source[start:stop]])[3:]  # the same bytes, moved
+    assert _digest([holder]) == _digest([follower.clone()]) == _digest([follower])
+    follower[len(follower) // 2] += 1
+    assert _digest([holder]) != _digest([follower])
+    assert _digest([holder, holder]) != _digest([holder])

@@ -241,10 +241,16 @@ def _views(state: Any, pieces: list[Slice]) -> list[torch.Tensor]:
 
 
 def _digest(views: list[torch.Tensor]) -> int:
+    """The views' bytes added up as little-endian 64-bit words (each view zero-padded to a multiple of 8 bytes),
+    modulo 2**62: the same for the same bytes wherever they lie. An aligned view is read in place, at memory
+    speed; a 32-bit sum into 64 bits, as before, made a temporary at every commit and cost a window step of the
+    benchmark's 1 GB state 2.5 ms (12.5 against 10.2 ms, issue 41)."""
     total = 0
     for v in views:
-        raw = v.view(torch.uint8)
-        total += int((raw.view(torch.int32) if raw.numel() % 4 == 0 else raw).sum(dtype=torch.int64))
+        raw = v.reshape(-1).view(torch.uint8)
+        if raw.numel() % 8 or raw.data_ptr() % 8:
+            raw = torch.cat([raw, raw.new_zeros(-raw.numel() % 8)])  # a copy, which the allocator aligns
+        total += int(raw.view(torch.int64).sum())  # wraps modulo 2**64, in any order of addition
     return total & (2**62 - 1)
 
 
