@@ -77,6 +77,9 @@ def test_a_follower_ends_bit_equal_to_the_running_workers(jobs, tmp_path, optimi
     first = [e for e in job.of("entered", size=3) if e["worker"].startswith("127.0.0.3")][0]
     assert first["following"] and first["checksum"] != entered[0]["checksum"], job.of("entered")
     assert any("follow no more" in line and "every digest equal" in line for line in job.lines), job.output()
+    # The pieces land in the follower's tensors as the follow machinery's, not as the script's change in place
+    # (which would make every later commit of the follower copy its parameters).
+    assert not any("changed in place outside the optimizer" in line for line in job.lines), job.output()
     assert len({e["round"] for e in job.of("entered", size=2)}) == 1, job.of("entered")  # no round of two again
     # BatchNorm's statistics are each worker's own: the follower has rank 0's, as after a sync.
     buffers = {e["rank"]: e["buffers"] for e in entered}

@@ -13,7 +13,8 @@ import torch
 
 from cloud_elastic.worker.comm.ops import Average, Max, Min, Product, Sum
 
-__all__ = ["current", "averaging_size", "is_follower", "pending", "received_only", "data_shard", "identity_fill"]
+__all__ = ["current", "averaging_size", "is_follower", "pending", "land", "received_only", "data_shard",
+           "identity_fill"]
 
 
 def current(ctx: Any) -> Any:
@@ -41,6 +42,17 @@ def pending(ctx: Any, param: torch.Tensor) -> bool:
     it (what it holds of it is its own, or zeros; the update would read state it never received)."""
     window = current(ctx)
     return window is not None and ctx.info.rank in window.followers and window.first.get(id(param), -1) >= window.boundary
+
+
+def land(ctx: Any) -> None:
+    """Before an optimizer update, and at a commit: the window's piece in flight (``commit.follow``: sent at the
+    last commit while this step computed) is in place, on the holders (sent: their tensors may change now) and on
+    the followers (received and copied in). Elsewhere, nothing."""
+    window = current(ctx)
+    flight = None if window is None else window.in_flight
+    if flight is not None:
+        window.in_flight = None
+        flight.land(ctx)
 
 
 @contextmanager

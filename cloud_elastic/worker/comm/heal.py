@@ -17,11 +17,15 @@ Tensors travel as their bytes in a dtype NCCL carries too (:func:`_wire`: an int
 as real pairs), so a state heals on NCCL as on Gloo. Memory in flight is bounded: a holder builds one piece at a time; a receiver
 takes one piece from each holder at a time (a *wave*), straight into its tensor
 when a piece is one tensor's slice, else through a buffer of at most 32 MiB.
+
+:meth:`Heal.post` starts the same sends and receives without waiting (the follow window's pieces, which move
+while the next step computes): :meth:`InFlight.land` waits for them later and copies what came into place.
 """
 
 from __future__ import annotations
 
 import logging
+from collections import deque
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
@@ -34,7 +38,7 @@ from cloud_elastic.worker.comm.skeleton import _checked_slots, _dtype, _is_slot,
 from cloud_elastic.worker.comm.statecodec import StateSyncError
 from cloud_elastic.worker.context import get_context
 
-__all__ = ["Piece", "assign", "Heal", "skeleton"]
+__all__ = ["Piece", "assign", "Heal", "InFlight", "skeleton"]
 
 log = logging.getLogger(__name__)
 
@@ -153,10 +157,51 @@ class Heal:
             else:
                 self._receive(ctx, tensors, chunks, plan, holders, what)
 
+    def post(self, tensors: list[torch.Tensor], name: str) -> "InFlight":
+        """As :meth:`tensors` (every holder a part), without waiting: the sends and receives are under way when it
+        returns, and :meth:`InFlight.land` finishes them. A receiver receives into buffers of its own, never into
+        ``tensors`` (copied there by ``land``): a receive that a failed round leaves behind can write nothing that
+        the next round's sync gives. A holder's ``tensors`` must not change until ``land`` returned."""
+        ctx = get_context()
+        me = ctx.info.rank
+        flight = InFlight(f"healing {name} from peers")
+        _recent.append(flight)
+        if not self.receivers or (me not in self.receivers and me not in self.holders):
+            return flight
+        tensors = [_wire(t) for t in tensors]
+        chunks = [[tensors[i] for i in chunk] for chunk in collectives.pack_chunks(tensors, by_device=False)]
+        plan = assign([(sum(t.numel() for t in c), c[0].element_size()) for c in chunks], len(self.holders))
+        self.all_pieces += sum(len(p) for p in plan)
+        with torch.no_grad():
+            if me in self.holders:
+                for piece in plan[self.holders.index(me)]:
+                    buf = self._packed(chunks[piece.chunk], piece)
+                    flight.kept.append(buf)
+                    flight.works += [ctx.point_to_point(flight.what, lambda g, r=rank: g.send([buf], r, 0))
+                                     for rank in self.receivers]
+                    self.pieces += 1
+                    self.bytes += buf.numel() * buf.element_size() * len(self.receivers)
+                return flight
+            for holder, pieces in zip(self.holders, plan):
+                for piece in pieces:  # in the order that holder sends them: Gloo matches one peer's in order
+                    members = chunks[piece.chunk]
+                    buf = torch.empty(piece.stop - piece.start, dtype=members[0].dtype, device=ctx.device)
+                    flight.works.append(ctx.point_to_point(flight.what, lambda g, b=buf, h=holder: g.recv([b], h, 0)))
+                    flight.copies += [(buf[at: at + b - a], t.view(-1)[a:b])
+                                      for t, a, b, at in _parts(members, piece.start, piece.stop)]
+                    self.bytes += buf.numel() * buf.element_size()
+                    self.sources.add(holder)
+        return flight
+
+    @staticmethod
+    def _packed(members: list[torch.Tensor], piece: Piece) -> torch.Tensor:
+        """A holder's piece as one buffer: a view of its tensor when the piece is one tensor's slice."""
+        parts = [on_device(t.reshape(-1)[a:b]) for t, a, b, _ in _parts(members, piece.start, piece.stop)]
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
+
     def _send(self, ctx: Any, chunks: list[list[torch.Tensor]], mine: list[Piece], what: str) -> None:
         for piece in mine:  # one piece at a time: a holder keeps at most one packed buffer
-            parts = [on_device(t.reshape(-1)[a:b]) for t, a, b, _ in _parts(chunks[piece.chunk], piece.start, piece.stop)]
-            buf = parts[0] if len(parts) == 1 else torch.cat(parts)
+            buf = self._packed(chunks[piece.chunk], piece)
             for work in [ctx.point_to_point(what, lambda g, r=rank: g.send([buf], r, 0)) for rank in self.receivers]:
                 ctx.wait(work, what)
             self.pieces += 1
@@ -199,6 +244,37 @@ class Heal:
         elif self.sources:
             log.info("worker %s: received %s of commit %s from %d holder(s) %s", worker_id, amount, self.seq,
                      len(self.sources), sorted(self.sources))
+
+
+class InFlight:
+    """The sends or receives :meth:`Heal.post` started; :meth:`land` waits for them and puts what came in place."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self.works: list[Any] = []
+        #: A receiver's (landing buffer's slice, its tensor's slice), copied by :meth:`land`.
+        self.copies: list[tuple[torch.Tensor, torch.Tensor]] = []
+        #: A holder's buffers being sent (a copy where a piece spans several tensors), alive until sent.
+        self.kept: list[torch.Tensor] = []
+
+    def land(self, ctx: Any) -> None:
+        """Wait for every send or receive (a failure is the round's, as any collective's) and copy what came."""
+        works, copies = self.works, self.copies
+        self.works, self.copies = [], []
+        for work in works:
+            ctx.wait(work, self.what)
+        with torch.no_grad():
+            for landed, into in copies:
+                # Its version counter stays: ``DistributedOptimizer._ce_check_outside`` would read a parameter's
+                # as the script's own change since the commit (and copy the parameters at every commit after).
+                with torch.autograd._unsafe_preserve_version_counter(into):
+                    into.copy_(landed)
+        self.kept = []
+
+
+#: The last posts, referenced whether or not they landed: one that a failed round left behind keeps its buffers
+#: (and Gloo's work) until its group is long gone, two posts later at the least.
+_recent: deque[InFlight] = deque(maxlen=2)
 
 
 def _wire(tensor: torch.Tensor) -> torch.Tensor:

@@ -424,6 +424,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if getattr(base_step, "hooked", False):
             base_step = base_step.__wrapped__
         self._ce_reset_if_new_round()
+        followers.land(get_context())  # a follow window's piece moved while this step computed; it lands first
         # The step is counted once it returns, by torch's step post-hook that hvd.init registers for every
         # optimizer (context.init): one whose allreduce fails was not trained (docs/events.md, steps_lost).
         window = get_context().ledger.window
