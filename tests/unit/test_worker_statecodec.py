@@ -49,6 +49,19 @@ def test_parts_sent_as_one_name_the_part_that_cannot_be_synced():
     assert statecodec.decode(statecodec.encode(ok, "state attributes"), "state attributes") == dict(ok)
 
 
+def test_rank_0s_check_of_its_own_aliased_attribute_blames_the_state_not_the_network():
+    # ``[row] * n`` pickles once and costs n copies when a receiver loads it: every receiver refuses it, and rank 0,
+    # checking the same bytes, says it is its own state (review s66 rvT F4: "corrupt or forged" blamed the network).
+    row = list(range(2000))
+    parts = statecodec.Parts({"ObjectState attributes": {"table": [row] * 4000}})
+    data = statecodec.encode(parts, "state attributes", check=False)
+    with pytest.raises(statecodec.StateSyncError, match="corrupt or forged"):
+        statecodec.decode(data, "state attributes")  # a receiver cannot tell
+    refused = statecodec.refusal(parts, data, "state attributes")
+    assert refused is not None and "forged" not in str(refused), refused
+    assert re.search(r"rank 0's own state.*referenced over and over.*\['table'\]", str(refused)), refused
+
+
 def test_a_crafted_payload_does_not_run_code(tmp_path):
     marker = tmp_path / "pwned"
 
