@@ -59,7 +59,10 @@ if role == "A":
     import atexit
     server = dist.TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=30), wait_for_workers=False)
     print("PORT", server.port, flush=True)
-    ctx = worker(server.port, 0, 60.0 if when == "during-long" else 3.0)  # the check's deadline: 30 s or 3 s
+    # The check's deadline: 30 s, past the exit hook's 10 s; 6 s, within it, and far enough past the group's
+    # formation and the second below that the check is still waiting when the script ends on a loaded machine
+    # (3 s was not: a clean clone beside other jobs printed "check in flight: False").
+    ctx = worker(server.port, 0, 60.0 if when == "during-long" else 6.0)
     atexit.register(ctx._at_exit)  # as WorkerContext.start() does
     server.wait(["B_ready"], timedelta(seconds=120))
     formed, made = threading.Event(), ctx._new_group
