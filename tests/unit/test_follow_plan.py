@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 
@@ -179,8 +180,39 @@ def test_a_quiet_commit_moves_nothing_and_the_next_one_moves_the_first_pieces():
     assert ctx.following is window  # the window goes on; the next commit sends its first pieces
 
 
+@pytest.mark.parametrize("ahead, count, posted", [(True, 1, True), (True, 5, False), (False, 1, False)])
+def test_a_commits_pieces_travel_on_while_they_are_one_commits_and_rank_0_said_so(monkeypatch, ahead, count, posted):
+    """Posted (landing before the next update) only where rank 0 said the loop changes nothing before ``step()``
+    and the commit moves one commit's pieces: several at once (the pace's catch-up, ``complete``) would need
+    landing buffers for all of them (review s67 rvU F2); they are received in place, now."""
+    from cloud_elastic.worker.comm.heal import Heal, InFlight
+
+    calls = []
+    monkeypatch.setattr(Heal, "post", lambda self, views, name: calls.append("post") or InFlight(name))
+    monkeypatch.setattr(Heal, "tensors", lambda self, views, name, **kw: calls.append("now"))
+    state, _, _ = _state()
+    ctx = _rank0(3, 2)
+    ctx.settings.follow_bytes = 100
+    ctx.following = window = Window(2, [2], 3, 5, plan(state, 100), ahead=ahead, decide_at=10 ** 6)
+    assert len(window.plan) > count
+    window.plan[0:count] = [[piece for pieces in window.plan[0:count] for piece in pieces]]  # as _merge does
+    at_commit(ctx, state)
+    assert calls == (["post"] if posted else ["now"]) and window.boundary == 1
+    assert (window.in_flight is not None) == posted
+
+
+def test_rank_0_keeps_the_pieces_at_the_commit_where_the_loop_changes_parameters_before_step():
+    from cloud_elastic.worker.commit.follow import ahead
+
+    state, _, opt = _state()
+    opt._ce_outside = False
+    assert ahead(state)
+    opt._ce_outside = True  # DistributedOptimizer._ce_check_outside saw a clamp at the top of the loop (WGAN)
+    assert not ahead(state)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.uint8, torch.float64])
-@pytest.mark.parametrize("start,stop", [(0, 64), (1, 64), (3, 40), (5, 6)])
+@pytest.mark.parametrize("start,stop", [(0, 64), (1, 64), (3, 40), (5, 6), (5, 61)])
 def test_a_pieces_digest_depends_on_its_bytes_alone_and_sees_one_changed_element(dtype, start, stop):
     # A holder's view and a follower's may lie at different offsets of their storages (alignment) and still be
     # the same bytes; one element that differs is a different digest, so the window ends with the whole sync.
@@ -190,7 +222,11 @@ def test_a_pieces_digest_depends_on_its_bytes_alone_and_sees_one_changed_element
     source = (torch.rand(64) * 200).to(dtype)
     holder = source[start:stop]
     follower = torch.cat([torch.zeros(3, dtype=dtype), source[start:stop]])[3:]  # the same bytes, moved
-    assert _digest([holder]) == _digest([follower.clone()]) == _digest([follower])
+    # A storage whose base is 4 bytes off an 8-byte boundary (numpy's, safetensors' weights loaded with
+    # assign=True): torch views it by its offset, not its address (review s67 rvU F1).
+    shifted = torch.from_numpy(np.frombuffer(bytearray(4) + bytearray(source.view(torch.uint8).numpy().tobytes()),
+                                             dtype=np.uint8)[4:]).view(dtype)[start:stop]
+    assert _digest([holder]) == _digest([follower.clone()]) == _digest([follower]) == _digest([shifted])
     follower[len(follower) // 2] += 1
     assert _digest([holder]) != _digest([follower])
     assert _digest([holder, holder]) != _digest([holder])

@@ -19,7 +19,9 @@ takes one piece from each holder at a time (a *wave*), straight into its tensor
 when a piece is one tensor's slice, else through a buffer of at most 32 MiB.
 
 :meth:`Heal.post` starts the same sends and receives without waiting (the follow window's pieces, which move
-while the next step computes): :meth:`InFlight.land` waits for them later and copies what came into place.
+while the next step computes): :meth:`InFlight.land` waits for them later and copies what came into place. It
+holds a landing buffer for everything posted, so its caller bounds what one post moves (``commit.follow``: one
+commit's pieces, at most twice ``CLOUD_ELASTIC_FOLLOW_MB``; more goes through :meth:`Heal.tensors`).
 """
 
 from __future__ import annotations
@@ -272,8 +274,8 @@ class InFlight:
         self.kept = []
 
 
-#: The last posts, referenced whether or not they landed: one that a failed round left behind keeps its buffers
-#: (and Gloo's work) until its group is long gone, two posts later at the least.
+#: The last posts, referenced whether or not they landed: one that a failed round left behind, never landed, keeps
+#: its landing buffers and Gloo's works until its group is long gone (two posts later at the least).
 _recent: deque[InFlight] = deque(maxlen=2)
 
 

@@ -35,9 +35,11 @@ round as *followers*:
   (``followers.land``, from ``DistributedOptimizer.step``, or at the next commit
   where no step came between): a holder's tensors change no sooner, and a
   follower's are copied in from buffers of its own (a receive a failed round
-  leaves behind writes nothing the next sync gives). A script that changes a
-  parameter in place between a commit and the next ``step()`` races the piece
-  on its way: the digests then differ and the window ends in a whole sync;
+  leaves behind writes nothing the next sync gives). Only one commit's pieces
+  travel so (several at once, the pace's catch-up or ``complete``'s rest, are
+  received in place at the commit), and only where rank 0 saw no parameter
+  changed in place outside the optimizer (:func:`ahead`: a clamp at the top of
+  the loop would race the piece on its way);
 * the follower applies every step's averaged gradients with the optimizer's own
   ``step()`` to the parameters whose first piece has arrived (the others have
   no gradient during its update, ``followers.received_only``, and keep the
@@ -152,6 +154,8 @@ class Window:
     interval: float = 0.0
     #: Rank 0's word (:func:`quiet`): the switching step's commit moves no pieces; they start at the next one.
     quiet: bool = False
+    #: Rank 0's word (:func:`ahead`): a commit's pieces travel while the next step computes.
+    ahead: bool = False
     #: The last commit's pieces, on their way (``heal.InFlight``) until ``followers.land``: before the next update.
     in_flight: Any = None
 
@@ -257,7 +261,7 @@ def _digest(views: list[torch.Tensor]) -> int:
     total = 0
     for v in views:
         raw = v.reshape(-1).view(torch.uint8)
-        if raw.numel() % 8 or raw.data_ptr() % 8:
+        if raw.numel() % 8 or raw.storage_offset() % 8 or raw.data_ptr() % 8:  # torch views by the offset
             raw = torch.cat([raw, raw.new_zeros(-raw.numel() % 8)])  # a copy, which the allocator aligns
         total += int(raw.view(torch.int64).sum())  # wraps modulo 2**64, in any order of addition
     return total & (2**62 - 1)
@@ -368,8 +372,18 @@ def quiet(ctx: Any) -> bool:
     return interval is not None and interval <= min(QUIET_INTERVAL_S, ctx.settings.follow_window_s / 10)
 
 
+def ahead(state: Any) -> bool:
+    """On rank 0, with followers: whether the window's pieces may travel while the next step computes (landing
+    before its update, ``followers.land``), rather than be sent and received at the commit. Not where the loop
+    changes a parameter in place outside the optimizer (``DistributedOptimizer._ce_check_outside`` saw it: WGAN's
+    clamp at the top of each iteration, a step pre-hook): the change would race the piece on its way, on the
+    holders and on the followers alike, and the window would end unequal, in a whole sync (review s67 rvU F3)."""
+    return not any(getattr(h.value, "_ce_outside", False) for h in state._handlers.values()
+                   if isinstance(h, OptimizerHandler))
+
+
 def start(ctx: Any, state: Any, followers: list[int], skeletons: list[Any], seq: int | None,
-          quiet_first: bool = False) -> None:
+          quiet_first: bool = False, ahead: bool = False) -> None:
     """Every member, in the admitting sync once the small parts came: open the window. A follower builds its
     optimizers' state from rank 0's skeletons (zeros whose memory is touched as the pieces arrive)."""
     info = ctx.info
@@ -381,7 +395,7 @@ def start(ctx: Any, state: Any, followers: list[int], skeletons: list[Any], seq:
             opt.load_state_dict(_join_tensors(shape, tensors))
     window = Window(info.round, list(followers), info.size, seq, plan(state, ctx.settings.follow_bytes),
                     opened=time.monotonic(), interval=getattr(ctx.ledger, "commit_interval", None) or 0.0,
-                    quiet=quiet_first)
+                    quiet=quiet_first, ahead=ahead)
     if info.rank in followers:
         _index(state, window)
     ctx.following = window
@@ -494,10 +508,19 @@ def at_commit(ctx: Any, state: Any) -> None:
                 if window.pace > 1:
                     _merge(ctx, state, window, min(window.pace, len(window.plan) - window.boundary))
             heal = Heal(window.followers, window.size, window.seq)
-            # On their way while the next step computes; landed before its update (``followers.land``), where a
-            # holder's tensors start to change and a follower's take the update. At the benchmark's 1 GB state a
-            # follower waited 4.4 ms a commit for its 4 MB with every member waiting for it (issue 41).
-            window.in_flight = heal.post(_views(state, window.plan[window.boundary]), "the commit, following")
+            views = _views(state, window.plan[window.boundary])
+            if window.ahead and sum(v.numel() * v.element_size() for v in views) <= 2 * ctx.settings.follow_bytes:
+                # On their way while the next step computes; landed before its update (``followers.land``), where
+                # a holder's tensors start to change and a follower's take the update. At the benchmark's 1 GB
+                # state a follower waited 4.4 ms a commit for its 4 MB with every member waiting for it (issue 41).
+                window.in_flight = heal.post(views, "the commit, following")
+            else:
+                # Here and now, received in place: several commits' pieces at once (the pace's catch-up, the rest
+                # at ``complete``), whose landing buffers would have held up to the whole state again (review s67
+                # rvU F2), or a loop that changes parameters before ``step()`` (:func:`ahead`).
+                heal.tensors(views, "the commit, following")
+                if follower:
+                    _resave(state)
             window.boundary += 1
             window.bytes += heal.bytes
             return

@@ -397,7 +397,7 @@ class TorchState(ObjectState):
                 handler.sync((samplers if isinstance(handler, SamplerHandler) else schedulers).pop(0))
         if followers:
             follow.start(ctx, self, followers, list(small["optimizer state"]), root_seq,
-                         quiet_first=small.get("follow quiet") is True)
+                         quiet_first=small.get("follow quiet") is True, ahead=small.get("follow ahead") is True)
         if heal is not None:
             if takes and getattr(ctx.device, "type", "cpu") == "cuda":
                 # NCCL's futures complete as the work is queued: before this worker holds the commit (and may
@@ -425,6 +425,7 @@ class TorchState(ObjectState):
                                       facts.get("fresh") if facts is not None else None) if send else []
             return {
                 "followers": followers, "follow quiet": bool(followers) and follow.quiet(ctx),
+                "follow ahead": bool(followers) and follow.ahead(self),
                 "ObjectState attributes": self._saved_state,
                 "sampler state": [h.value.state_dict() for h in self._handlers.values() if isinstance(h, SamplerHandler)],
                 "scheduler state": [h.value.state_dict() for h in self._handlers.values()
