@@ -388,20 +388,24 @@ def table(rows: dict[str, dict], rss: bool = True) -> str:
 
 
 def glance(rows: dict[str, dict], sizes: dict[float, str]) -> list[list[str]]:
-    """The stall's glance row; with ``sizes`` (MB -> row name), the p50 / p95 stall at each state size too."""
+    """The stall's glance row; with ``sizes`` (MB -> row name), the p50 / p95 stall at each state size too. The
+    target is the p95 at every size measured ("flat from 10 MB to 1 GB"): the ratio is the worst size's, and a
+    size without an admission misses it."""
     figures = rows.get(CLOUD_ELASTIC, {}).get("figures")
     if not figures:
         return [[GLANCE_STALL, "no admission within the bound", "–", where(SECTION), docsection.verdict(False)]]
     stalls = [f["stall_s"] for f in figures]
     p50, p95 = pct(stalls, .5), pct(stalls, .95)
-    by_size = []
+    by_size, worst, every = [], p95, True
     for mb, name in sizes.items():
         sized = [f["stall_s"] for f in rows[name]["figures"]]
         by_size.append(f"{mb:g} MB: " + (f"{duration(pct(sized, .5))} / {duration(pct(sized, .95))}" if sized
                                          else "miss"))
+        every = every and bool(sized)
+        worst = max(worst, pct(sized, .95)) if sized else worst
     more = f"; with more state (p50 / p95), {', '.join(by_size)}" if by_size else ""
     return [[GLANCE_STALL, f"p50 {p50 * 1000:.0f} ms, p95 {p95 * 1000:.0f} ms over {len(stalls)} admission(s){more}",
-             f"{p95 / STALL_TARGET_S:.2f}", where(SECTION), docsection.verdict(p95 <= STALL_TARGET_S)]]
+             f"{worst / STALL_TARGET_S:.2f}", where(SECTION), docsection.verdict(every and worst <= STALL_TARGET_S)]]
 
 
 def parse_sizes(text: str) -> list[float]:

@@ -83,3 +83,16 @@ def test_every_call_the_admission_trace_wraps_exists():
                           env=dict(os.environ, PYTHONPATH=str(BENCHMARKS.parent)))
     assert proc.returncode == 0, proc.stderr.strip().splitlines()[-3:]
     assert int(proc.stdout.split()[-1]) >= 20
+
+
+@pytest.mark.parametrize("at_1gb, verdict", [([0.012, 0.015, 0.018], "met"), ([0.012, 0.015, 0.035], "**missed**"),
+                                             ([], "**missed**")])
+def test_the_glance_row_judges_the_stall_at_every_state_size(at_1gb, verdict):
+    # The target is "<= 20 ms p95, flat from 10 MB to 1 GB": the small model meeting it says nothing of 1 GB.
+    small = host_added.CLOUD_ELASTIC
+    rows = {small: {"figures": [{"stall_s": s} for s in (0.012, 0.015, 0.015)]},
+            "1 GB": {"figures": [{"stall_s": s} for s in at_1gb]}}
+    [row] = host_added.glance(rows, {1000.0: "1 GB"})
+    assert row[-1] == verdict
+    if at_1gb:
+        assert float(row[2]) == pytest.approx(host_added.pct(at_1gb, .95) / host_added.STALL_TARGET_S, abs=0.01)
