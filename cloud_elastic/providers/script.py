@@ -129,6 +129,12 @@ class DiscoveryScript(HostDiscovery):
             raise RetryableDiscoveryError(
                 f"discovery script {self.path} printed more than {MAX_OUTPUT >> 20} MiB and was killed"
             ) from None
+        except OSError as exc:  # the driver out of descriptors (the selector's own), as when it cannot start it
+            _kill_group(proc)
+            for stream in (proc.stdout, proc.stderr):
+                if stream is not None:
+                    stream.close()
+            raise RetryableDiscoveryError(f"discovery script {self.path} could not be read: {exc}") from None
         finally:
             with self._lock:
                 self._running = None

@@ -163,3 +163,26 @@ def test_a_script_given_a_timeout_above_the_discovery_timeout_is_waited_for_up_t
         assert dict(poller.poll_once().ready) == {"a": 1}
     finally:
         poller.close()
+
+
+def test_a_driver_out_of_descriptors_to_read_the_script_gets_one_line_and_leaves_no_script(make_script, tmp_path: Path,
+                                                                                            monkeypatch) -> None:
+    # The script started (its pipes made), then the selector that reads them found no descriptor left: a clean
+    # clone's run of a driver at its descriptor limit logged "raised an unexpected error" and a traceback.
+    import errno
+    import selectors
+
+    pid_file = tmp_path / "pid"
+    script = make_script(f"echo $$ > {pid_file}\nsleep 30\necho 127.0.0.1")
+
+    def exhausted():
+        time.sleep(0.3)  # the script has written its pid
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(selectors, "DefaultSelector", exhausted)
+    started = time.monotonic()
+    message = find_fails(script, r"could not be read: \[Errno 24\] Too many open files")
+    assert "unexpected" not in message and time.monotonic() - started < 5
+    pid = int(pid_file.read_text())
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)  # killed with its process group, and reaped
