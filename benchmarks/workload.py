@@ -21,7 +21,8 @@ emulates it; before the backward pass, so that the gradients' allreduce still
 waits for a late peer), so that three workers on 2 cores step as fast as two;
 ``--trace`` prints the admission path's calls (``admission_trace.py``) and each
 step's phases (``phase device`` ... in its STEPLOG line: seconds from the step's
-start to the end of its device time, backward, optimizer step and commit).
+start to the end of its device time, backward, optimizer step and commit) and
+its minor page faults (``faults``).
 """
 
 from __future__ import annotations
@@ -139,6 +140,13 @@ def following() -> bool:
     return followers.current(get_context()) is not None
 
 
+def _faults() -> int:
+    """This process's minor page faults so far."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
 class Steps:
     """Times each step; with ``--step-log``, prints its STEPLOG line."""
 
@@ -147,6 +155,7 @@ class Steps:
 
     def start(self) -> None:
         self.t0, self.c0 = time.perf_counter(), time.process_time()
+        self.f0 = _faults() if self.args.trace else 0
         self.phases: dict[str, float] = {}
 
     def mark(self, phase: str) -> None:
@@ -158,6 +167,8 @@ class Steps:
         wall, cpu = time.perf_counter() - self.t0, time.process_time() - self.c0
         if self.args.step_log:
             extra = {f"phase {k}": v for k, v in self.phases.items()}  # flat: common.parse reads no nesting
+            if self.args.trace:
+                extra["faults"] = _faults() - self.f0  # the step's page faults: fresh memory costs a step ~1 ms/4 MB
             print("STEPLOG " + json.dumps({"system": self.system, "step": step, "t": time.time(), "size": size,
                                           "rank": rank, "pid": os.getpid(), "dt": round(wall, 6),
                                           "cpu": round(cpu, 6), "following": follows, **extra}),
