@@ -22,7 +22,8 @@ waits for a late peer), so that three workers on 2 cores step as fast as two;
 ``--trace`` prints the admission path's calls (``admission_trace.py``) and each
 step's phases (``phase device`` ... in its STEPLOG line: seconds from the step's
 start to the end of its device time, backward, optimizer step and commit) and
-its minor page faults (``faults``).
+its minor page faults (``faults``) and the time Python's cyclic collector ran in
+it (``gc``, with ``gc gen`` its oldest generation, -1 for none).
 """
 
 from __future__ import annotations
@@ -147,6 +148,18 @@ def _faults() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
+#: ``--trace``: the seconds Python's cyclic collector ran in the current step, and its oldest generation.
+_GC: dict[str, float] = {"s": 0.0, "gen": -1, "t0": 0.0}
+
+
+def _gc_timer(phase: str, info: dict) -> None:
+    if phase == "start":
+        _GC["t0"] = time.perf_counter()
+    else:
+        _GC["s"] += time.perf_counter() - _GC["t0"]
+        _GC["gen"] = max(_GC["gen"], info.get("generation", -1))
+
+
 class Steps:
     """Times each step; with ``--step-log``, prints its STEPLOG line."""
 
@@ -156,6 +169,7 @@ class Steps:
     def start(self) -> None:
         self.t0, self.c0 = time.perf_counter(), time.process_time()
         self.f0 = _faults() if self.args.trace else 0
+        _GC["s"], _GC["gen"] = 0.0, -1
         self.phases: dict[str, float] = {}
 
     def mark(self, phase: str) -> None:
@@ -169,6 +183,7 @@ class Steps:
             extra = {f"phase {k}": v for k, v in self.phases.items()}  # flat: common.parse reads no nesting
             if self.args.trace:
                 extra["faults"] = _faults() - self.f0  # the step's page faults: fresh memory costs a step ~1 ms/4 MB
+                extra["gc"], extra["gc gen"] = round(_GC["s"], 6), _GC["gen"]  # Python's collector in the step
             print("STEPLOG " + json.dumps({"system": self.system, "step": step, "t": time.time(), "size": size,
                                           "rank": rank, "pid": os.getpid(), "dt": round(wall, 6),
                                           "cpu": round(cpu, 6), "following": follows, **extra}),
@@ -179,9 +194,12 @@ def run_elastic(args: argparse.Namespace) -> None:
     import cloud_elastic.torch as hvd
 
     if args.trace:
+        import gc
+
         from admission_trace import install
 
         install()
+        gc.callbacks.append(_gc_timer)
     hvd.init()
     model, opt_cls, opt_kw = build(args)
     optimizer = hvd.DistributedOptimizer(opt_cls(model.parameters(), **opt_kw), named_parameters=model.named_parameters())
