@@ -94,12 +94,18 @@ class DiscoveryScript(HostDiscovery):
         """From any thread: kill the script running now (its whole process group), and start none again.
 
         The job is stopping (Ctrl-C during a slow first call): the script runs in a session of its own, so the
-        terminal's signal never reaches it, and the call in progress ends as it would past ``timeout_s``.
+        terminal's signal never reaches it, and the call in progress ends as it would past ``timeout_s``. The
+        script is reaped here (within 2 s; at once, killed): a driver that ends right after (Ctrl-C) leaves none
+        of its processes running behind it, where the call's own thread, a daemon, may not get to reap it first.
         """
         with self._lock:
             self._cancelled, proc = True, self._running
         if proc is not None:
             _signal_group(proc)
+            try:
+                proc.wait(2.0)
+            except subprocess.TimeoutExpired:
+                pass
 
     def close(self) -> None:
         self.cancel_find()  # a call still running on the discovery thread as the driver ends leaves no script behind
