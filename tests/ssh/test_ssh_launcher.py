@@ -152,6 +152,32 @@ def test_a_worker_that_dies_after_a_burst_is_told_after_its_last_line_behind_a_s
     wait_gone(marker, 20)
 
 
+def test_a_burst_behind_a_slow_driver_output_is_all_shown_before_the_exit_even_when_ssh_stalls(sshd, marker):
+    """The burst above, with the driver's ssh client stopped for 0.6 s once 5,000 lines are in (long after the
+    wrapper's marker came): on a loaded driver machine ssh is not scheduled for a while, the pipe runs dry and no
+    line comes. The exit still waits for the bytes the wrapper counted before its marker (ssh_wire.SENT); a
+    quiet spell of 50 ms was taken for the end before (a clean clone under load: told 591 lines early)."""
+    class Stalling(Output):
+        proc = None
+
+        def __call__(self, line: str) -> None:
+            time.sleep(0.0002)
+            super().__call__(line)
+            if len(self.lines) == 5000:
+                pid = self.proc.ssh_pid
+                os.kill(pid, signal.SIGSTOP)
+                threading.Timer(0.6, os.kill, (pid, signal.SIGCONT)).start()
+
+    out = Stalling()
+    with SSHLauncher(sshd.config, disconnect_grace_s=5.0) as launcher:
+        out.proc = launcher.launch(spec(REMOTE, marker, "burst", "1500000"), out)
+        status = wait_exit(out.proc, 120)
+        lines = list(out.lines)
+    assert (status.code, status.transport_error) == (1, None), status
+    assert len(lines) == 15001 and lines[-1] == "RuntimeError: the worker's last words", (len(lines), lines[-1:])
+    wait_gone(marker, 20)
+
+
 def test_missing_working_directory_is_reported(launcher, marker):
     proc, out = start(launcher, REMOTE, marker, "report", cwd="/nonexistent/" + marker)
     status = wait_exit(proc)

@@ -10,6 +10,7 @@ import time
 import pytest
 
 from cloud_elastic.driver.launch.ssh_output import ERR, KEEP_BYTES, OUT, OutputPump, frame, unframe
+from cloud_elastic.driver.launch.ssh_wire import sent_line
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -66,13 +67,20 @@ def test_output_goes_to_the_first_connection_then_is_kept_bounded_then_goes_to_e
     os.write(worker_w, b"the end\n")
     os.close(worker_w)
     pump.join(10)
-    pump.close_conns([ours2], b"CLOUD_ELASTIC_EXIT n 0 none\n")
+    pump.close_conns([ours2], b"CLOUD_ELASTIC_EXIT n 0 none\n", _sent)
     buffer, frames = bytearray(), []
     theirs2.settimeout(10)
     while data := theirs2.recv(65536):
         buffer += data
     frames = unframe(buffer)
-    assert frames == [(OUT, b"while away again\n"), (OUT, b"the end\n"), (ERR, b"CLOUD_ELASTIC_EXIT n 0 none\n")]
+    # The marker comes after the count of the output sent on that connection (ssh_wire.SENT): the kept bytes and
+    # the live ones, 17 + 8, so the restarted driver tells the exit once it has read them all.
+    assert frames == [(OUT, b"while away again\n"), (OUT, b"the end\n"), (ERR, b"CLOUD_ELASTIC_SENT n 25\n"),
+                      (ERR, b"CLOUD_ELASTIC_EXIT n 0 none\n")]
+
+
+def _sent(count: int) -> bytes:
+    return (sent_line("n", count) + "\n").encode()
 
 
 def test_frames_cut_anywhere_come_out_whole_and_in_order():
@@ -99,18 +107,18 @@ def test_the_workers_output_is_forwarded_while_a_child_it_left_still_holds_the_p
         got = b""
         while not got.endswith(b"the worker's last words\n"):
             got += os.read(first_r, 65536)
-        assert pump.forwarded(600.0)
+        assert pump.forwarded(600.0) and pump.sent_first == len(got) == 1025  # the count the marker follows
         ours, theirs = socket.socketpair()  # a driver that attached: its frames are not waited for
         pump.attach(ours)
         os.write(worker_w, b"a child's line\n")
         assert _received(theirs, b"a child's line\n") == b"a child's line\n"
         assert pump.forwarded(600.0)
-        pump.close_conns([ours], b"CLOUD_ELASTIC_EXIT n -9 -\n")
+        pump.close_conns([ours], b"CLOUD_ELASTIC_EXIT n -9 -\n", _sent)
         buffer = bytearray()
         theirs.settimeout(10)
         while data := theirs.recv(65536):
             buffer += data
-        assert unframe(buffer) == [(ERR, b"CLOUD_ELASTIC_EXIT n -9 -\n")]
+        assert unframe(buffer) == [(ERR, b"CLOUD_ELASTIC_SENT n 15\n"), (ERR, b"CLOUD_ELASTIC_EXIT n -9 -\n")]
     finally:
         os.close(worker_w)
         pump.join(10)

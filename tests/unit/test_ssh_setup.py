@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 import time
@@ -178,3 +179,35 @@ def test_a_connection_refused_on_every_try_ends_in_one_line_naming_it(tmp_path, 
                      f"(nothing listens on the ssh port: sshd not started, or restarting) (ssh said: {_REFUSED})")
     assert tries.read_text() == "x" * (SETUP_RETRIES + 1)  # bounded: the retries, then the failure
     assert caplog.text.count("was refused (sshd not listening yet, or restarting?): trying again") == SETUP_RETRIES
+
+
+def test_the_launcher_holds_an_exit_until_it_has_read_the_bytes_the_wrapper_counted_before_its_marker():
+    # ssh's client keeps up to its channel's window of stdout that a slow driver has not read, while the marker on
+    # stderr goes past it: the wrapper's count says how much is still to come, however long the output pauses.
+    import io
+
+    from cloud_elastic.driver.launch.ssh_setup import QUIET_S, Stdout
+    from cloud_elastic.driver.launch.ssh_wire import sent_line
+
+    pipe_r, pipe_w = os.pipe()  # ssh's stdout pipe
+    out = Stdout(pipe_r)
+    out.idle.set()  # the reader waits in a read, all it read forwarded
+    os.write(pipe_w, b"x")
+    assert out.behind(0.0, alive=True)  # a byte in the pipe
+    os.read(pipe_r, 1)
+    assert not out.heard(sent_line("other", 5), "n")  # another launch's line, a forged nonce
+    assert not out.heard("CLOUD_ELASTIC_SENT n -5", "n") and not out.heard("CLOUD_ELASTIC_SENT n \u0661\u0662", "n")
+    assert not out.heard("CLOUD_ELASTIC_EXIT n 0 -", "n") and out.sent is None
+    out.read_at = 100.0
+    assert out.behind(100.0 + QUIET_S / 2, alive=True)  # an older wrapper, which counts none: a quiet spell
+    assert not out.behind(100.0 + 2 * QUIET_S, alive=True)
+
+    assert out.heard(sent_line("n", 12), "n") and out.sent == 12
+    stream = out.stream(io.BufferedReader(io.BytesIO(b"first line\nsecond\n")))
+    assert stream.read1(11) == b"first line\n" and out.read == 11
+    assert out.behind(1e9, alive=True)  # one byte still in ssh, however long since the last line
+    assert not out.behind(1e9, alive=False)  # the reader ended (ssh's stdout closed): nothing more will come
+    assert stream.read1(100) == b"second\n" and out.read == 18
+    assert not out.behind(1e9, alive=True)  # more than counted (a login shell's own line): told, not held
+    os.close(pipe_r)
+    os.close(pipe_w)

@@ -57,10 +57,9 @@ from cloud_elastic.config import ENV_NAME, SSH_OPTION, SSHConfig
 from cloud_elastic.driver.launch.known_hosts import JobKnownHosts
 from cloud_elastic.driver.launch.api import ExitStatus, OutputSink, WorkerSpec
 from cloud_elastic.driver.launch.local import forward_lines
-from cloud_elastic.driver.launch.ssh_output import pending_bytes
 from cloud_elastic.driver.launch.ssh_remote import SECRET_ENV, WrapperArgs, parse_marker, wrapper_argv
 from cloud_elastic.driver.launch.ssh_setup import (MAX_SETUPS_PER_HOST, SETUP_HOLD_S, SETUP_RETRIES, ConnectionLines,
-                                                   HostGate, env_line, exit_status, is_noise, is_started,
+                                                   HostGate, Stdout, env_line, exit_status, is_noise, is_started,
                                                    refusal, refused_before_key_exchange, remote_prefix, retry_delay,
                                                    ssh_argv, ssh_environ, transport_error, wants_job_known_hosts)
 from cloud_elastic.errors import ConfigError, LaunchError, SSHError
@@ -70,8 +69,6 @@ __all__ = ["SSHLauncher", "SSHWorkerProcess", "SECRET_ENV"]
 logger = logging.getLogger(__name__)
 
 _DRAIN_WAIT_S = 2.0
-#: After the marker, an exit is held while lines came this recently (ssh's own buffer is not seen in the pipe).
-_QUIET_S = 0.05
 
 
 class SSHLauncher:
@@ -304,8 +301,7 @@ class SSHWorkerProcess:
         self._lock = threading.RLock()
         self._proc: subprocess.Popen[bytes] | None = None
         self._readers: list[threading.Thread] = []
-        self._idle = threading.Event()  # the stdout reader waits in a read, all it read forwarded
-        self._stdout_fd = -1
+        self._out = Stdout()  # the stdout reader's, against the wrapper's marker (a new one each ssh)
         self._lines = ConnectionLines(self._forward)  # ssh's stderr: held back until the connection is set up
         self._marker: tuple[int, str] | None = None
         self._stdin_fd: int | None = None
@@ -315,7 +311,6 @@ class SSHWorkerProcess:
         self._stopping = False
         self._reaper: threading.Thread | None = None
         self._exited_at: float | None = None
-        self._read_at = 0.0  # when the stdout reader last forwarded a line
         self._status: ExitStatus | None = None
         self._gate = gate or HostGate()
         self._setup_hold_s = setup_hold_s
@@ -382,11 +377,12 @@ class SSHWorkerProcess:
             except OSError as exc:
                 self._status = ExitStatus(255, self._transport(f"cannot start the ssh client: {exc}"))
                 return False
-            self._stdin_fd, self._stdout_fd = self._proc.stdin.fileno(), self._proc.stdout.fileno()
+            self._stdin_fd, self._out = self._proc.stdin.fileno(), Stdout(self._proc.stdout.fileno())
             os.set_blocking(self._stdin_fd, False)
             self._write(self._preamble)
-            self._readers = [threading.Thread(target=forward_lines, args=(self._proc.stdout, self._on_stdout),
-                                              kwargs={"on_first_data": self._on_first_stdout, "idle": self._idle},
+            self._readers = [threading.Thread(target=forward_lines, args=(self._out.stream(self._proc.stdout),
+                                                                          self._on_stdout),
+                                              kwargs={"on_first_data": self._on_first_stdout, "idle": self._out.idle},
                                               name=f"ssh-out-{self.spec.worker_id}", daemon=True),
                              threading.Thread(target=self._read_stderr, args=(self._proc.stderr,),
                                               name=f"ssh-err-{self.spec.worker_id}", daemon=True)]
@@ -430,10 +426,11 @@ class SSHWorkerProcess:
             now = time.monotonic()
             self._exited_at = self._exited_at or now
             # After the marker, ssh may still hold up to its channel's window of output that the pipe has no room
-            # for (a slow driver output): held while lines come, the bound counted from the last (review rvQ).
-            held = (self._behind() or now - self._read_at < _QUIET_S) if rc is None else any(
+            # for (a slow driver output): held until it is read (review rvQ), the bound counted from the last line.
+            reader = self._readers[0] if self._readers else None
+            held = self._out.behind(now, bool(reader and reader.is_alive())) if rc is None else any(
                 r.is_alive() for r in self._readers)
-            if held and now - max(self._exited_at, self._read_at) < _DRAIN_WAIT_S:
+            if held and now - max(self._exited_at, self._out.read_at) < _DRAIN_WAIT_S:
                 return None
             if rc is not None:
                 self._close_stdin()
@@ -445,11 +442,6 @@ class SSHWorkerProcess:
     def connected(self) -> bool:
         """Whether its ssh runs or may yet (keepalives go on while the wrapper stops what a reported worker left)."""
         return self.poll() is None or (self._proc is not None and self._proc.poll() is None)
-
-    def _behind(self) -> bool:
-        """Whether output is still to forward: read and not forwarded, or in ssh's stdout pipe (as a local worker's)."""
-        reader = self._readers[0] if self._readers else None
-        return bool(reader and reader.is_alive() and (not self._idle.is_set() or pending_bytes(self._stdout_fd)))
 
     def terminate(self, grace_s: float = 5.0) -> None:
         """TERM the remote process group, KILL it after ``grace_s``; then end the local ssh.
@@ -558,7 +550,7 @@ class SSHWorkerProcess:
 
     def _on_stdout(self, line: str) -> None:
         self._forward(line)
-        self._read_at = time.monotonic()
+        self._out.read_at = time.monotonic()
 
     def _on_first_stdout(self) -> None:
         # The wrapper starts the worker only once the connection is set up, which an older one never says.
@@ -569,6 +561,8 @@ class SSHWorkerProcess:
         self._progress.set()
 
     def _on_stderr(self, line: str) -> None:
+        if self._out.heard(line, self._nonce):  # the wrapper's count of the output before its marker
+            return
         marker = parse_marker(line, self._nonce)
         if marker is not None:
             self._marker = marker

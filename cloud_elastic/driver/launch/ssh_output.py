@@ -35,6 +35,7 @@ import struct
 import termios
 import threading
 import time
+from typing import Callable
 
 __all__ = ["ERR", "KEEP_BYTES", "OUT", "OutputPump", "dropped_line", "frame", "pending_bytes", "relay_frames",
            "unframe"]
@@ -97,6 +98,9 @@ class OutputPump:
         self._conn: socket.socket | None = None  # the attach connection output goes to now
         self._kept = bytearray()
         self._dropped = 0
+        #: Bytes of output sent on the first connection, and on each attach connection (``ssh_wire.SENT``).
+        self.sent_first = 0
+        self._sent_on: dict[socket.socket, int] = {}
         self._wake_r, self._wake_w = os.pipe()
         self._idle = threading.Event()  # set while the pump waits, all it read sent
         self._thread = threading.Thread(target=self._run, name="output", daemon=True)
@@ -183,9 +187,10 @@ class OutputPump:
             self._trim(KEEP_BYTES)
             payload = (dropped_line(self._dropped) if self._dropped else b"") + bytes(self._kept)
             try:
-                if payload:
-                    with self._sending:
+                with self._sending:
+                    if payload:
                         conn.sendall(frame(OUT, payload))
+                    self._sent_on[conn] = len(payload)
             except OSError:
                 continue
             self._conn, self._kept, self._dropped = conn, bytearray(), 0
@@ -195,6 +200,7 @@ class OutputPump:
             try:
                 with self._sending:
                     self._conn.sendall(frame(OUT, data))
+                    self._sent_on[self._conn] = self._sent_on.get(self._conn, 0) + len(data)
                 return
             except OSError:
                 self._conn = None
@@ -202,7 +208,9 @@ class OutputPump:
             try:
                 view = memoryview(data)
                 while view:
-                    view = view[os.write(self._out, view):]
+                    n = os.write(self._out, view)
+                    self.sent_first += n
+                    view = view[n:]
                 return
             except OSError:
                 self._out = None  # the first connection broke: its driver died
@@ -222,19 +230,20 @@ class OutputPump:
         self._dropped += cut
         del self._kept[:cut]
 
-    def tell(self, conns: list[socket.socket], line: bytes) -> None:
-        """``line`` (the marker) to each of ``conns`` as the wrapper's words; the worker's output may follow."""
+    def tell(self, conns: list[socket.socket], line: bytes, sent: Callable[[int], bytes]) -> None:
+        """``line`` (the marker) to each of ``conns`` as the wrapper's words, after ``sent`` of the bytes of output
+        sent on it (``ssh_wire.sent_line``); the worker's output may follow."""
         with self._sending:
             for conn in conns:
                 try:
-                    conn.sendall(frame(ERR, line))
+                    conn.sendall(frame(ERR, sent(self._sent_on.get(conn, 0))) + frame(ERR, line))
                 except OSError:
                     pass
 
-    def close_conns(self, conns: list[socket.socket], line: bytes) -> None:
+    def close_conns(self, conns: list[socket.socket], line: bytes, sent: Callable[[int], bytes]) -> None:
         """At the end: ``line`` (the marker) to each of ``conns`` (none: they were told), then close them."""
         if line:
-            self.tell(conns, line)
+            self.tell(conns, line, sent)
         for conn in conns:
             conn.close()
 

@@ -27,7 +27,8 @@ One wrapper per worker, started by :class:`~cloud_elastic.driver.launch.ssh.SSHL
    nothing outlives a lost driver for long. Keepalive lines that resume within the grace cancel it;
 4. when the worker ends, writes its exact status on a marker line on stderr (:func:`marker_line`), which the launcher
    parses (:func:`parse_marker`) and removes from the output, as soon as the worker's own output is out (not at its
-   pipe's end, which a child it left may hold off), then stops whatever is left in its group and exits;
+   pipe's end, which a child it left may hold off), after a line counting the bytes of it sent on that connection
+   (:func:`sent_line`: the launcher reads them all first), then stops whatever is left in its group and exits;
 5. listens on a Unix socket private to the user (:func:`control_path`, in a 0700 directory), so that a driver
    restarted within the grace can adopt the worker through a fresh ssh connection running ``--attach NONCE``: that
    process relays its stdin to the wrapper (keepalives, ``KILL``, ``TERM``: the same watchdog, and any data from it
@@ -71,7 +72,7 @@ from cloud_elastic.driver.launch.ssh_wire import (EXIT_REPORT_ENV, MARKER, MODUL
                                                   REASON_KEEPALIVE, REASON_NONE, REPORT_DIR_NOT_PRIVATE, REPORT_LIMIT,
                                                   SECRET_ENV, SECRET_FD_ENV, STARTED, WrapperArgs, exit_code,
                                                   marker_line, parse_args, parse_env, parse_exit_report, parse_marker,
-                                                  report_line, secret_fd_value, secret_pipe, wrapper_argv)
+                                                  report_line, secret_fd_value, secret_pipe, sent_line, wrapper_argv)
 from cloud_elastic.driver.launch.ssh_output import OutputPump, relay_frames
 
 __all__ = ["SECRET_ENV", "SECRET_FD_ENV", "secret_pipe", "secret_fd_value", "MARKER", "WrapperArgs", "parse_args",
@@ -483,19 +484,20 @@ class Wrapper:
         if self._pgid is not None:
             complete_report(self._args.nonce, status)  # before the marker: a driver it reaches may be gone next
         line, told = marker_line(self._args.nonce, status, reason) + "\n", []
+        sent = lambda n: (sent_line(self._args.nonce, n) + "\n").encode()  # noqa: E731 (ssh_wire.SENT)
         if self._pump is not None:
             self._pump.forwarded(_DRAIN_S)  # the worker's last output goes before its status
             told = list(self._attached)  # not under the lock: the watch thread may hold it, stopping the group
-            _say(line, raw=True)
-            self._pump.tell(told, line.encode())
+            _say(sent(self._pump.sent_first).decode() + line, raw=True)
+            self._pump.tell(told, line.encode(), sent)
             self.stop(self._args.grace_s)  # whatever the worker left behind in its group
             self._pump.join(_DRAIN_S)  # what it printed meanwhile, shown after the worker's end
         else:
             _say(line, raw=True)  # the worker never started: no watch thread, no attached driver
         with self._lock:
             if self._pump is not None:
-                self._pump.close_conns(told, b"")
-                self._pump.close_conns([c for c in self._attached if c not in told], line.encode())
+                self._pump.close_conns(told, b"", sent)
+                self._pump.close_conns([c for c in self._attached if c not in told], line.encode(), sent)
         if self._socket_path is not None:
             try:
                 os.unlink(self._socket_path)

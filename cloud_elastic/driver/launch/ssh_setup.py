@@ -33,12 +33,60 @@ from typing import Callable, Mapping
 
 from cloud_elastic.config import SSH_OPTION, SSHConfig
 from cloud_elastic.driver.launch.api import ExitStatus, WorkerSpec
+from cloud_elastic.driver.launch.ssh_output import pending_bytes
 from cloud_elastic.driver.launch.ssh_remote import MODULE, REASON_GONE_UNKNOWN, REASON_KEEPALIVE, STARTED
+from cloud_elastic.driver.launch.ssh_wire import SENT
 
 __all__ = ["MAX_SETUPS_PER_HOST", "OLD_WRAPPER_HOLD_S", "SETUP_HOLD_S", "SETUP_RETRIES", "ConnectionLines",
-           "HostGate", "classify", "env_line", "exit_status", "is_noise", "is_started", "option_key", "refusal",
+           "Stdout", "HostGate", "classify", "env_line", "exit_status", "is_noise", "is_started", "option_key", "refusal",
            "refused_before_key_exchange", "remote_prefix", "retry_delay", "ssh_argv", "ssh_environ", "ssh_path",
            "transport_error", "wants_job_known_hosts", "wrapper_failure"]
+
+#: After the marker of an older wrapper (one that counts no output, ``ssh_wire.SENT``), an exit is held while lines
+#: came this recently: ssh's own buffer is not seen in the pipe.
+QUIET_S = 0.05
+
+
+class Stdout:
+    """One ssh process's stdout against its wrapper's marker: the bytes its reader has read (the stream it reads
+    wrapped by :meth:`stream`), whether it waits in a read with all it read forwarded (``idle``), when it last
+    forwarded a line (``read_at``), and how many bytes the wrapper said it sent before the marker (:meth:`heard`)."""
+
+    def __init__(self, fd: int = -1) -> None:
+        self.fd, self.read, self.read_at = fd, 0, 0.0
+        self.sent: int | None = None  # an older wrapper says none
+        self.idle = threading.Event()
+
+    def stream(self, raw):
+        """``raw`` (ssh's stdout, a buffered reader) as ``local.forward_lines`` reads it, counted."""
+        count = self
+
+        class Counted:
+            def read1(self, n: int = -1) -> bytes:
+                data = raw.read1(n)
+                count.read += len(data)
+                return data
+
+            def close(self) -> None:
+                raw.close()
+        return Counted()
+
+    def heard(self, line: str, nonce: str) -> bool:
+        """Whether ``line`` (on ssh's stderr) is this wrapper's count (``ssh_wire.sent_line``), kept if so."""
+        words = line.split()
+        if len(words) != 3 or words[0] != SENT or words[1] != nonce or not (words[2].isascii() and words[2].isdigit()):
+            return False
+        self.sent = int(words[2])
+        return True
+
+    def behind(self, now: float, alive: bool) -> bool:
+        """Whether output before the marker is still to forward (``alive``: the reader runs): read and not forwarded,
+        in ssh's stdout pipe (as a local worker's), or still in ssh's own buffer: the bytes the wrapper counted not
+        all read, or, from an older wrapper, a line forwarded less than :data:`QUIET_S` ago."""
+        if alive and (not self.idle.is_set() or self.fd >= 0 and pending_bytes(self.fd)):
+            return True
+        return now - self.read_at < QUIET_S if self.sent is None else alive and self.read < self.sent
+
 
 #: Connections to one host being set up at once: below sshd's default MaxStartups (10), leaving room for others.
 MAX_SETUPS_PER_HOST = 8
