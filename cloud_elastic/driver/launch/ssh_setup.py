@@ -37,10 +37,10 @@ from cloud_elastic.driver.launch.ssh_output import pending_bytes
 from cloud_elastic.driver.launch.ssh_remote import MODULE, REASON_GONE_UNKNOWN, REASON_KEEPALIVE, STARTED
 from cloud_elastic.driver.launch.ssh_wire import SENT
 
-__all__ = ["MAX_SETUPS_PER_HOST", "OLD_WRAPPER_HOLD_S", "SETUP_HOLD_S", "SETUP_RETRIES", "ConnectionLines",
-           "Stdout", "HostGate", "classify", "env_line", "exit_status", "is_noise", "is_started", "option_key", "refusal",
-           "refused_before_key_exchange", "remote_prefix", "retry_delay", "ssh_argv", "ssh_environ", "ssh_path",
-           "transport_error", "wants_job_known_hosts", "wrapper_failure"]
+__all__ = ["MAX_SETUPS_PER_HOST", "OLD_WRAPPER_HOLD_S", "QUIET_S", "SETUP_HOLD_S", "SETUP_RETRIES",
+           "ConnectionLines", "HostGate", "Stdout", "classify", "env_line", "exit_status", "is_noise", "is_started",
+           "option_key", "refusal", "refused_before_key_exchange", "remote_prefix", "retry_delay", "ssh_argv",
+           "ssh_environ", "ssh_path", "transport_error", "wants_job_known_hosts", "wrapper_failure"]
 
 #: After the marker of an older wrapper (one that counts no output, ``ssh_wire.SENT``), an exit is held while lines
 #: came this recently: ssh's own buffer is not seen in the pipe.

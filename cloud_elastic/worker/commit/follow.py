@@ -203,7 +203,7 @@ def _tensor(state: Any, ref: tuple[Any, ...]) -> torch.Tensor:
 def _words(step: int, tensors: list[torch.Tensor]) -> int:
     """``step`` elements a slice, rounded down so that a slice of each tensor starts and ends on an 8-byte boundary
     of it (:func:`_digest` then reads it in place): Adam's 12 bytes an element made 333,333-element slices of the
-    4 MB budget, every other one 4 bytes off, each copied to be read (review s67 rvU). Not below one word."""
+    4 MB budget, every other one 4 bytes off, each copied to be read (review s67 rvU). A step under a word stays."""
     word = max(8 // math.gcd(8, t.element_size()) for t in tensors)
     return max(1, step - step % word if step >= word else step)
 
