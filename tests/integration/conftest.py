@@ -6,11 +6,18 @@ from tests.integration.harness import Job
 
 
 @pytest.fixture
-def jobs():
-    """Start jobs with ``jobs(args)``; every job still running at the end is killed with its workers."""
+def jobs(tmp_path_factory):
+    """Start jobs with ``jobs(args)``; every job still running at the end is killed with its workers.
+
+    The test's drivers keep their records in a directory of the test's own (``XDG_RUNTIME_DIR``, unless the test
+    passes one): a driver killed in one test (its record left behind, as a killed driver's is) is otherwise a dead
+    driver of the same command to every later job of that command on the machine, which waits out its
+    ``--driver-grace`` before starting (two clean clones side by side: a Kubernetes test waited 64 s for one)."""
     started: list[Job] = []
+    run = tmp_path_factory.mktemp("run")
 
     def start(args: list[str], **kw) -> Job:
+        kw["env"] = {"XDG_RUNTIME_DIR": str(run), **(kw.get("env") or {})}
         job = Job(args, **kw)
         started.append(job)
         return job

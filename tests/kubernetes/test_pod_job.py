@@ -96,7 +96,8 @@ def events_of(path: Path, kind: str) -> list[dict]:
 def test_a_deleted_pod_s_workers_leave_at_a_commit_while_its_sshd_script_waits(kubernetes, kubectl, tmp_path):
     key, port, pods = start_pods(kubernetes, tmp_path, NET, NAMESPACE)
     events = tmp_path / "events"
-    job = Job(driver_args(kubectl, kubernetes, key, port, events))
+    (tmp_path / "run").mkdir()  # its driver's record in a directory of its own (see the ``jobs`` fixture)
+    job = Job(driver_args(kubectl, kubernetes, key, port, events), env={"XDG_RUNTIME_DIR": str(tmp_path / "run")})
     try:
         job.wait_event("commit", rank=1, step=3, timeout=90)
         assert {e["worker"].split("[")[0] for e in job.of("hello")} == {f"127.0.{NET}.1", f"127.0.{NET}.2"}

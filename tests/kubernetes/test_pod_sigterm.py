@@ -33,7 +33,8 @@ def test_a_pod_whose_deletion_the_driver_never_sees_leaves_at_a_commit_through_i
     args = driver_args(kubectl, kubernetes, key, port, events)
     args = replace_flag(replace_flag(args, "--k8s-namespace", NAMESPACE), "--address-map",
                         f"10.91.{NET}.0/24=127.0.{NET}.0/24")
-    job = Job(args)
+    (tmp_path / "run").mkdir()  # its driver's record in a directory of its own (see the ``jobs`` fixture)
+    job = Job(args, env={"XDG_RUNTIME_DIR": str(tmp_path / "run")})
     try:
         job.wait_event("commit", rank=1, step=3, timeout=90)
         p1 = pods["p1"]
