@@ -15,8 +15,9 @@ statistics, which are each worker's own.
 
 Tensors travel as their bytes in a dtype NCCL carries too (:func:`_wire`: an int16 as float16 bits, a complex
 as real pairs), so a state heals on NCCL as on Gloo. Memory in flight is bounded: a holder builds one piece at a time; a receiver
-takes one piece from each holder at a time (a *wave*), straight into its tensor
-when a piece is one tensor's slice, else through a buffer of at most 32 MiB.
+takes one piece from each holder at a time (a *wave*), straight into its tensors
+when a piece is one tensor's slice or big parts of several (:func:`_separate`: one message a part, nothing packed),
+else through a buffer of at most 32 MiB.
 
 :meth:`Heal.post` starts the same sends and receives without waiting (the follow window's pieces, which move
 while the next step computes): :meth:`InFlight.land` waits for them later and copies what came into place. It
@@ -89,6 +90,25 @@ def _parts(members: list[torch.Tensor], start: int, stop: int):
         if hi > lo:
             yield t, lo - offset, hi - offset, lo - start
         offset += t.numel()
+
+
+#: A piece that spans several tensors travels as one message per tensor's part when every part is at least this
+#: big (nothing packed on the holder: an Adam piece is a parameter's slice and its moments'; nothing unpacked on a
+#: receiver that lands in place); smaller parts are packed into one message, which costs less than several.
+SEPARATE_BYTES = 64 * 1024
+
+
+def _separate(parts: list[tuple[torch.Tensor, int, int, int]]) -> bool:
+    """Whether a piece's ``parts`` (:func:`_parts`, alike on holders and receivers) go as messages of their own."""
+    return len(parts) > 1 and all((b - a) * t.element_size() >= SEPARATE_BYTES for t, a, b, _at in parts)
+
+
+def _messages(members: list[torch.Tensor], piece: Piece) -> list[torch.Tensor]:
+    """What a holder sends of ``piece``, in order: its tensors' slices themselves (one part, or parts that go
+    separately) or one buffer packing the parts."""
+    parts = list(_parts(members, piece.start, piece.stop))
+    views = [on_device(t.reshape(-1)[a:b]) for t, a, b, _at in parts]
+    return views if len(views) == 1 or _separate(parts) else [torch.cat(views)]
 
 
 class Heal:
@@ -177,37 +197,34 @@ class Heal:
         with torch.no_grad():
             if me in self.holders:
                 for piece in plan[self.holders.index(me)]:
-                    buf = self._packed(chunks[piece.chunk], piece)
-                    flight.kept.append(buf)
-                    flight.works += [ctx.point_to_point(flight.what, lambda g, r=rank: g.send([buf], r, 0))
-                                     for rank in self.receivers]
+                    for buf in _messages(chunks[piece.chunk], piece):
+                        flight.kept.append(buf)
+                        flight.works += [ctx.point_to_point(flight.what, lambda g, r=rank, m=buf: g.send([m], r, 0))
+                                         for rank in self.receivers]
+                        self.bytes += buf.numel() * buf.element_size() * len(self.receivers)
                     self.pieces += 1
-                    self.bytes += buf.numel() * buf.element_size() * len(self.receivers)
                 return flight
             for holder, pieces in zip(self.holders, plan):
                 for piece in pieces:  # in the order that holder sends them: Gloo matches one peer's in order
                     members = chunks[piece.chunk]
                     buf = torch.empty(piece.stop - piece.start, dtype=members[0].dtype, device=ctx.device)
-                    flight.works.append(ctx.point_to_point(flight.what, lambda g, b=buf, h=holder: g.recv([b], h, 0)))
-                    flight.copies += [(buf[at: at + b - a], t.view(-1)[a:b])
-                                      for t, a, b, at in _parts(members, piece.start, piece.stop)]
+                    parts = list(_parts(members, piece.start, piece.stop))
+                    into = [buf[at: at + b - a] for _t, a, b, at in parts] if _separate(parts) else [buf]
+                    flight.works += [ctx.point_to_point(flight.what, lambda g, m=m, h=holder: g.recv([m], h, 0))
+                                     for m in into]
+                    flight.copies += [(buf[at: at + b - a], t.view(-1)[a:b]) for t, a, b, at in parts]
                     self.bytes += buf.numel() * buf.element_size()
                     self.sources.add(holder)
         return flight
 
-    @staticmethod
-    def _packed(members: list[torch.Tensor], piece: Piece) -> torch.Tensor:
-        """A holder's piece as one buffer: a view of its tensor when the piece is one tensor's slice."""
-        parts = [on_device(t.reshape(-1)[a:b]) for t, a, b, _ in _parts(members, piece.start, piece.stop)]
-        return parts[0] if len(parts) == 1 else torch.cat(parts)
-
     def _send(self, ctx: Any, chunks: list[list[torch.Tensor]], mine: list[Piece], what: str) -> None:
         for piece in mine:  # one piece at a time: a holder keeps at most one packed buffer
-            buf = self._packed(chunks[piece.chunk], piece)
-            for work in [ctx.point_to_point(what, lambda g, r=rank: g.send([buf], r, 0)) for rank in self.receivers]:
-                ctx.wait(work, what)
+            for buf in _messages(chunks[piece.chunk], piece):
+                for work in [ctx.point_to_point(what, lambda g, r=rank: g.send([buf], r, 0))
+                             for rank in self.receivers]:
+                    ctx.wait(work, what)
+                self.bytes += buf.numel() * buf.element_size() * len(self.receivers)
             self.pieces += 1
-            self.bytes += buf.numel() * buf.element_size() * len(self.receivers)
 
     def _receive(self, ctx: Any, tensors: list[torch.Tensor], chunks: list[list[torch.Tensor]],
                  plan: list[list[Piece]], holders: list[int], what: str) -> None:
@@ -220,18 +237,21 @@ class Heal:
                     continue
                 piece = pieces[wave]
                 members = [landing[id(t)] for t in chunks[piece.chunk]]
-                if len(members) == 1:
-                    buf = members[0].view(-1)[piece.start: piece.stop]
+                parts = list(_parts(members, piece.start, piece.stop))
+                if len(parts) == 1 or _separate(parts):  # straight into the tensors
+                    buf, into = None, [t.view(-1)[a:b] for t, a, b, _at in parts]
                 else:
                     buf = torch.empty(piece.stop - piece.start, dtype=members[0].dtype, device=ctx.device)
-                work = ctx.point_to_point(what, lambda g, b=buf, h=holder: g.recv([b], h, 0))
-                posted.append((work, buf, members, piece, holder))
-            for work, buf, members, piece, holder in posted:
-                ctx.wait(work, what)
-                if len(members) > 1:
-                    for t, a, b, at in _parts(members, piece.start, piece.stop):
+                    into = [buf]
+                works = [ctx.point_to_point(what, lambda g, m=m, h=holder: g.recv([m], h, 0)) for m in into]
+                posted.append((works, buf, parts, holder))
+            for works, buf, parts, holder in posted:
+                for work in works:
+                    ctx.wait(work, what)
+                if buf is not None:
+                    for t, a, b, at in parts:
                         t.view(-1)[a:b].copy_(buf[at: at + b - a])
-                self.bytes += buf.numel() * buf.element_size()
+                self.bytes += sum((b - a) * t.element_size() for t, a, b, _at in parts)
                 self.sources.add(holder)
         for t in tensors:
             if landing[id(t)] is not t:
@@ -256,7 +276,7 @@ class InFlight:
         self.works: list[Any] = []
         #: A receiver's (landing buffer's slice, its tensor's slice), copied by :meth:`land`.
         self.copies: list[tuple[torch.Tensor, torch.Tensor]] = []
-        #: A holder's buffers being sent (a copy where a piece spans several tensors), alive until sent.
+        #: A holder's buffers being sent (packed where a piece spans small parts of several tensors), alive until sent.
         self.kept: list[torch.Tensor] = []
 
     def land(self, ctx: Any) -> None:
