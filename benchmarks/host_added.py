@@ -30,7 +30,12 @@ falls while the newcomer starts up, on this machine's cores), the *admitting ste
 gap ending within 0.1 s of the first step at size 3: torchft reports the
 admitted replica only from the step after the one that admits it) and the
 newcomer's time from its process start (and from the host's appearance in the
-discovery answer; for torchft the two are the same) to its first completed step.
+discovery answer; for torchft the two are the same) to its first completed step,
+and an *undisturbed control* measured in the same job: the survivors' longest gap
+(less the normal step) over a stretch at size 3 as long as the one the stall from
+the switch on looks at, right after it (the newcomer active, nothing of the
+admission left), so that the stall can be read against what three workers on
+these cores do over as many seconds anyway (none for torchrun: no survivor).
 The systems take turns within each repeat, so a slow minute hits each of them.
 
 ``--state-mb 10,100,1000`` (the default; 10 with ``--quick``; ``none`` for
@@ -87,6 +92,7 @@ HOSTS = ["127.0.0.1", "127.0.0.2", "127.0.0.3"]
 WARM_STEPS = 150  # steps of both workers before the host is added (about 1 s at this size)
 AFTER_STEPS = 40  # steps at size 3 the survivors make before the repeat ends
 ADMISSION_WINDOW_S = 0.1  # the admitting step ends this close to the first step at size 3
+STALL_AFTER_S = 0.5  # the stall's gaps are looked for until this long after the newcomer is active
 SECTION = "Host added: the running workers' stall"
 EMULATED_SECTION = "Added view: the admission on an emulated GPU host"
 STALL_TARGET_S = 0.020
@@ -275,10 +281,20 @@ def one_admission(scenario: Scenario, bound_s: float) -> dict[str, Any]:
 
         def enough() -> bool:
             counts: dict[int, int] = {}
+            last: dict[int, float] = {}
             for e in job.logs:
                 if e["size"] == 3 and not e.get("following"):  # after a follow window (``commit.follow``)
                     counts[e["pid"]] = counts.get(e["pid"], 0) + 1
-            return sum(1 for n in counts.values() if n >= AFTER_STEPS) >= 3
+                    last[e["pid"]] = max(last.get(e["pid"], 0.0), e["t"])
+            if sum(1 for n in counts.values() if n >= AFTER_STEPS) < 3:
+                return False
+            if scenario.restarts_all:  # no survivor (torchrun): no control
+                return True
+            # The undisturbed stretch at size 3 (``analyse``'s control): as long again as the stall's from the switch.
+            first3 = min(e["t"] for e in job.logs if e["size"] == 3)
+            active = min(e["t"] for e in job.logs if e["size"] == 3 and not e.get("following"))
+            end = active + STALL_AFTER_S + (active + STALL_AFTER_S - first3)
+            return all(last.get(pid, 0.0) >= end for pid in before)
 
         job.wait(enough, 60, "three workers stepping at size 3")
         with job.cond:
@@ -323,7 +339,7 @@ def analyse(raw: dict[str, Any], restarts_all: bool) -> dict[str, float]:
         gaps, switches, admits, later = [], [], [], []
         for pid in raw["survivors"]:
             v = by_pid[pid]
-            pairs = [(a, b) for a, b in zip(v, v[1:]) if b[0] >= t_add and a[0] <= active + 0.5]
+            pairs = [(a, b) for a, b in zip(v, v[1:]) if b[0] >= t_add and a[0] <= active + STALL_AFTER_S]
             gaps.append(max((b[0] - a[0], b[0] - first3) for a, b in pairs))
             later.append(max(b[0] - a[0] for a, b in pairs if b[0] >= first3))
             switches.append(next(b[0] - a[0] for a, b in pairs if b[1] == 3))
@@ -332,6 +348,11 @@ def analyse(raw: dict[str, Any], restarts_all: bool) -> dict[str, float]:
             admits.append(max(b[0] - a[0] for a, b in pairs if abs(b[0] - first3) <= ADMISSION_WINDOW_S))
         (gap, where), switch, admit = max(gaps), max(switches), max(admits)
         from_switch = max(later)
+    # The control: the survivors' longest gap over as long a stretch at size 3 right after, with no admission in it
+    # (the newcomer active, nothing in flight): what this machine's three workers do over that many steps anyway.
+    stretch = active + STALL_AFTER_S - first3
+    quiet = [b[0] - a[0] for pid in raw["survivors"] for a, b in zip(by_pid[pid], by_pid[pid][1:])
+             if a[1] == 3 and a[0] >= active + STALL_AFTER_S and b[0] <= active + STALL_AFTER_S + stretch]
     return {"normal_step_s": normal, "normal_step_at_3_s": after, "longest_gap_s": gap, "switch_gap_s": switch,
             "follow_window_s": active - first3,
             "admission_gap_s": gap if restarts_all else admit,
@@ -340,7 +361,9 @@ def analyse(raw: dict[str, Any], restarts_all: bool) -> dict[str, float]:
             "stall_s": gap - normal,
             # The stall's gaps from the switch on (the admitting step's and the window's): those before it fall
             # while the newcomer starts, on this machine's cores, which a host of its own would not share.
-            "stall_from_switch_s": from_switch - normal, "start_to_first_step_s": raw["newcomer_first_step"] - raw["newcomer_started"],
+            "stall_from_switch_s": from_switch - normal,
+            "undisturbed_stall_s": max(quiet) - normal if quiet and not restarts_all else float("nan"),
+            "start_to_first_step_s": raw["newcomer_first_step"] - raw["newcomer_started"],
             "added_to_first_step_s": raw["newcomer_first_step"] - t_add, "peak_rss_gib": raw["peak_rss"] / 2**30}
 
 
@@ -357,19 +380,25 @@ def follows(windows: list[float]) -> str:
     return f"{pct(windows, .5):.2f} s / {pct(windows, .95):.2f} s"
 
 
+def pair(values: list[float]) -> str:
+    """p50 / p95 in milliseconds of the values that were measured; – where none was."""
+    known = [v for v in values if v == v]
+    return f"{duration(pct(known, .5))} / {duration(pct(known, .95))}" if known else "–"
+
+
 def table(rows: dict[str, dict], rss: bool = True) -> str:
     """The figures per system; ``rss``: with the job's peak resident memory."""
     ms = duration
     s = lambda x: f"{x:.2f} s"  # noqa: E731
     lines = ["| system (2 workers + 1 admitted) | normal step, size 2 / size 3 | longest gap, p50 / p95 | stall (gap − normal step), "
-             "p50 / p95 | stall from the switch on, p50 / p95 | admitting step's gap, p50 / p95 | newcomer: process start → first step, p50 / p95 | "
+             "p50 / p95 | stall from the switch on, p50 / p95 | undisturbed control: as long at size 3 after it, p50 / p95 | admitting step's gap, p50 / p95 | newcomer: process start → first step, p50 / p95 | "
              "host added → first step, p50 | newcomer follows, p50 / p95 | " + ("peak RSS, whole job | " if rss else "")
              + "repeats |",
-             "|---|---|---|---|---|---|---|---|---|---|" + ("---|" if rss else "")]
+             "|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if rss else "")]
     for name, r in rows.items():
         a = r["figures"]
         if not a:
-            lines.append(f"| {name} | – | miss | miss | – | – | miss | miss | – | " + ("– | " if rss else "")
+            lines.append(f"| {name} | – | miss | miss | – | – | – | miss | miss | – | " + ("– | " if rss else "")
                          + f"0 of {r['misses']} |")
             continue
         col = lambda k: [x[k] for x in a]  # noqa: E731
@@ -379,6 +408,7 @@ def table(rows: dict[str, dict], rss: bool = True) -> str:
             f"{ms(statistics.median(col('normal_step_at_3_s')))} | {ms(pct(col('longest_gap_s'), .5))} / "
             f"{ms(pct(col('longest_gap_s'), .95))} | {ms(pct(col('stall_s'), .5))} / {ms(pct(col('stall_s'), .95))} | "
             f"{ms(pct(col('stall_from_switch_s'), .5))} / {ms(pct(col('stall_from_switch_s'), .95))} | "
+            f"{pair(col('undisturbed_stall_s'))} | "
             f"{ms(pct(col('admission_gap_s'), .5))} / {ms(pct(col('admission_gap_s'), .95))} | "
             f"{s(pct(col('start_to_first_step_s'), .5))} / "
             f"{s(pct(col('start_to_first_step_s'), .95))} | {s(pct(col('added_to_first_step_s'), .5))} | "

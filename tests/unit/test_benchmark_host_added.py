@@ -64,6 +64,35 @@ def test_the_stall_from_the_switch_on_leaves_out_a_gap_before_it_and_the_normal_
     assert fig["switch_gap_s"] == pytest.approx(0.06, abs=1e-3)
 
 
+def test_the_undisturbed_control_is_the_longest_gap_over_as_long_a_stretch_after_the_admission():
+    """The control measures what three workers do anyway over as many seconds as the stall was looked for (from
+    the switch to 0.5 s after the newcomer is active), right after them: a 45 ms gap of the window is the stall's,
+    a 35 ms gap after it the control's, and a 200 ms gap later than that stretch is neither's."""
+    steps = []
+    for pid in (1, 2):
+        t = 8.0
+        while t < 10.0:
+            t += 0.01
+            steps.append((t, pid, 2))
+        switch = t + 0.02
+        t = switch
+        steps.append((t, pid, 3))
+        while t < switch + 1.0:  # a 1 s follow window, one 45 ms gap in it
+            t += 0.045 if abs(t - (switch + 0.5)) < 0.005 else 0.01
+            steps.append((t, pid, 3))
+        active = t
+        while t < active + 5.0:  # looked for until active + 0.5; the control's stretch is 1.5 s long from there
+            gap = {1.2: 0.035, 3.0: 0.2}.get(round(t - active, 2), 0.01) if pid == 2 else 0.01
+            t += gap
+            steps.append((t, pid, 3))
+    steps.append((10.03, 3, 3))
+    fig = host_added.analyse(_raw(steps, first_active=active), restarts_all=False)
+    assert fig["stall_from_switch_s"] == pytest.approx(0.035, abs=2e-3)
+    assert fig["undisturbed_stall_s"] == pytest.approx(0.025, abs=2e-3)
+    torchrun = host_added.analyse(_raw(steps, first_active=active), restarts_all=True)
+    assert torchrun["undisturbed_stall_s"] != torchrun["undisturbed_stall_s"]  # nan: no survivor, no control
+
+
 def test_an_emulated_gpu_host_sleeps_in_each_step_and_its_rows_are_named_so(monkeypatch, tmp_path):
     started = []
     monkeypatch.setattr(host_added, "Procs", lambda cmds, env, **kw: started.append(cmds[0]))
