@@ -436,10 +436,10 @@ def drain(job: str, target: str) -> int:
     from cloud_elastic import status as st
 
     host, sep, slot = target.rpartition(":")
-    if not sep or not slot.isdigit():
+    if not sep:
         host, slot = target, ""
-    if not host:
-        raise click.UsageError(f"{target!r}: expected HOST or HOST:SLOT")
+    if not host or (sep and not slot.isdigit()):  # no host name has a colon (IPv6 is not supported)
+        raise click.UsageError(f"{target!r}: expected HOST or HOST:SLOT, SLOT a number")
     message = st.request_drain(job, host, int(slot) if slot else None)
     sys.stdout.write((message or f"draining {target}") + "\n")
     return 0

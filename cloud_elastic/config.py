@@ -206,6 +206,8 @@ class JobConfig:
         if self.max_np < self.min_np:
             if self.num_proc < self.min_np:  # --max-np defaults to -np: name the flags the user set
                 raise ConfigError(f"--min-np ({self.min_np}) must be <= -np ({self.num_proc})")
+            if self.max_np < self.num_proc:  # and --min-np to -np
+                raise ConfigError(f"-np ({self.num_proc}) must be <= --max-np ({self.max_np})")
             raise ConfigError(f"--max-np ({self.max_np}) must be >= --min-np ({self.min_np})")
         for item in self.forward_env:
             name = item.partition("=")[0]
@@ -220,7 +222,9 @@ class JobConfig:
             raise ConfigError(f"--slots-per-host must be 1-{MAX_SLOTS_PER_HOST}, got {self.whole_host_slots}")
         if self.whole_host_slots:
             counts = {"-np": self.num_proc, "--min-np": self.min_np, "--max-np": self.max_np}
-            odd = [f"{flag} {n}" for flag, n in counts.items() if n % self.whole_host_slots]
+            # --min-np and --max-np default to -np: named only where they say something -np does not
+            odd = [f"{flag} {n}" for flag, n in counts.items()
+                   if n % self.whole_host_slots and (flag == "-np" or n != self.num_proc)]
             if odd:
                 raise ConfigError(f"with --whole-hosts, -np, --min-np and --max-np count whole hosts' workers: "
                                   f"{', '.join(odd)} not a multiple of --slots-per-host {self.whole_host_slots}")
@@ -264,6 +268,12 @@ class JobConfig:
             "--straggler-window": self.straggler_window_s,
             "the heartbeat interval": self.heartbeat_interval_s,
         }
+        floors = (("--heartbeat-timeout", self.heartbeat_timeout_s, MIN_HEARTBEAT_TIMEOUT_S, ""),
+                  ("--discovery-interval", self.discovery_interval_s, MIN_DISCOVERY_INTERVAL_S, ""),
+                  ("--progress-timeout", self.progress_timeout_s, MIN_PROGRESS_TIMEOUT_S, " (or 0: never)"))
+        for flag, value, floor, besides in floors:  # first: 0 is below the floor, not just "not > 0"
+            if math.isfinite(value) and value < floor and not (besides and value == 0):
+                raise ConfigError(f"{flag} must be at least {floor:g}s{besides}, got {value:g}")
         for flag, value in positive.items():
             check_seconds(flag, value)
         zero_ok = {
@@ -274,12 +284,6 @@ class JobConfig:
         }
         for flag, value in zero_ok.items():
             check_seconds(flag, value, zero_ok=True)
-        floors = (("--heartbeat-timeout", self.heartbeat_timeout_s, MIN_HEARTBEAT_TIMEOUT_S, ""),
-                  ("--discovery-interval", self.discovery_interval_s, MIN_DISCOVERY_INTERVAL_S, ""),
-                  ("--progress-timeout", self.progress_timeout_s, MIN_PROGRESS_TIMEOUT_S, " (or 0: never)"))
-        for flag, value, floor, besides in floors:
-            if value < floor and not (besides and value == 0):
-                raise ConfigError(f"{flag} must be at least {floor:g}s{besides}, got {value:g}")
         if self.fallback_after_s is not None:
             check_seconds("--fallback-after", self.fallback_after_s, zero_ok=True)
         if self.finish_timeout_s is not None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -65,8 +66,17 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, help="directory for events.jsonl and timeline.png (default: a new temp dir)")
     args = parser.parse_args()
-    tmp = Path(tempfile.mkdtemp(prefix="cloud-elastic-demo-"))
+    tmp = Path(tempfile.mkdtemp(prefix="cloud-elastic-demo-"))  # the discovery script and its answer
     out = args.out or tmp
+    try:
+        return run(tmp, out)
+    finally:
+        if args.out is not None:  # else the events and the picture are there
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def run(tmp: Path, out: Path) -> int:
+    """The demo's job, its discovery script in ``tmp``, its events file and picture in ``out``."""
     out.mkdir(parents=True, exist_ok=True)
     events, picture = out.resolve() / "events.jsonl", out.resolve() / "timeline.png"
     if events.exists():

@@ -147,15 +147,14 @@ class DiscoveryScript(HostDiscovery):
         if self._cancelled:
             raise RetryableDiscoveryError(f"discovery script {self.path} was killed: the job is stopping")
         if proc.returncode != 0:
-            last = err.decode(errors="replace").strip().splitlines()[-1:] or [""]
-            raise RetryableDiscoveryError(
-                f"discovery script {self.path} exited with code {proc.returncode}: {last[0][:200]}"
-            )
+            last = err.decode(errors="replace").strip().splitlines()[-1:]
+            said = f": {last[0][:200]}" if last else " (nothing on its stderr)"
+            raise RetryableDiscoveryError(f"discovery script {self.path} exited with code {proc.returncode}{said}")
         try:
             hosts = parse_host_list(
                 out.decode(errors="replace").splitlines(),
                 default_slots=self.slots_per_host,
-                source=f"discovery script {os.path.basename(self.path)}",
+                source=f"discovery script {os.path.basename(self.path)}",  # the line's room is for what it printed
                 unit="line",
             )
         except ValueError as exc:

@@ -250,21 +250,30 @@ def selected_provider(args: DiscoveryArgs) -> tuple[str, dict[str, str]]:
     cloud flag for a provider other than the selected one, or a key given twice.
     """
     given = [(f, args.cloud[f.dest]) for f in CLOUD_FLAGS if f.dest in args.cloud]
+    if args.hosts is not None and not args.hosts.strip():
+        raise ConfigError("-H/--hosts is empty: give host[:slots],... (e.g. -H 10.0.0.5:4,10.0.0.6:4)")
     chosen: list[str] = []
+    said: list[str] = []  # the flags that chose each, as the user gave them
     if args.hosts:
         chosen.append("static")
+        said.append("-H/--hosts")
     if args.host_discovery_script:
         chosen.append("script")
+        said.append("--host-discovery-script")
     if args.provider:
         chosen.append(args.provider)
-    chosen.extend(f.provider for f, _ in given if f.selects and f.provider != args.provider)
+        said.append(f"--provider {args.provider}")
+    for f, _ in given:
+        if f.selects and f.provider != args.provider:
+            chosen.append(f.provider)
+            said.append(f.flag)
     if not chosen:
         raise ConfigError(
             "no hosts: give -H/--hosts, --host-discovery-script, a cloud group (--aws-asg, --gcp-mig, "
             "--azure-vmss, --ibm-instance-group), --k8s-selector or --provider NAME"
         )
     if len(chosen) > 1:
-        raise ConfigError("choose one host source: " + " / ".join(chosen) + " were given")
+        raise ConfigError("choose one host source: " + ", ".join(said) + " were given")
     name = chosen[0]
     for cloud_flag, _ in given:  # before the shorthands return: a flag of another source is never ignored
         if cloud_flag.provider != name:

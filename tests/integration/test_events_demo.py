@@ -21,13 +21,16 @@ def test_demo_records_its_events_and_draws_its_timeline(tmp_path):
     # Its driver's fork server comes from this test process's parent of servers, as every job's of the harness
     # does (a server of its own imports torch: some 2 CPU-seconds).
     parent = parent_of_servers()
-    env = {**os.environ, **({"CLOUD_ELASTIC_FORKSERVER_PARENT": parent} if parent else {})}
+    scratch = tmp_path / "tmp"  # where the demo writes its discovery script: gone after it, with --out
+    scratch.mkdir()
+    env = {**os.environ, "TMPDIR": str(scratch), **({"CLOUD_ELASTIC_FORKSERVER_PARENT": parent} if parent else {})}
     demo = subprocess.run([sys.executable, str(REPO / "examples" / "demo.py"), "--out", str(out)], cwd=REPO,
                           capture_output=True, text=True, timeout=280, check=False, env=env)
     assert demo.returncode == 0, demo.stdout[-5000:]
     said = dict(re.findall(r"^demo: (events file|timeline picture): (.+)$", demo.stdout, re.MULTILINE))
     assert said == {"events file": str(out / "events.jsonl"), "timeline picture": str(out / "timeline.png")}
     assert "admitted a new one and let it go" in demo.stdout
+    assert not list(scratch.glob("cloud-elastic-demo-*")), "the demo left its discovery script behind"
 
     picture = (out / "timeline.png").read_bytes()
     assert picture[:8] == b"\x89PNG\r\n\x1a\n" and picture[12:16] == b"IHDR"

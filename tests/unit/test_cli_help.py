@@ -115,3 +115,11 @@ def test_every_flag_in_the_readme_table_and_the_providers_doc_exists() -> None:
     documented |= set(re.findall(r"`(--(?:aws|gcp|azure|ibm)-[a-z-]+)", providers_doc))
     assert len(documented) >= 40  # the table was read, not skipped
     assert documented - known == set()
+
+
+@pytest.mark.parametrize("target", ["127.0.0.1:abc", "127.0.0.1:", ":3"])
+def test_drain_refuses_a_slot_that_is_not_a_number_before_asking_any_driver(target):
+    # "127.0.0.1:abc" was sent as a host of that name: "no host 127.0.0.1:abc in this job", once a driver answered.
+    result = _run("drain", "no-such-job", target)
+    assert result.returncode == 2 and result.stdout == ""
+    assert f"{target!r}: expected HOST or HOST:SLOT, SLOT a number" in result.stderr.strip().splitlines()[-1]

@@ -35,7 +35,12 @@ class Case:
 
 CASES = {
     "max-np-below-min-np": Case(("-np", "2", "--min-np", "2", "--max-np", "1", "-H", "localhost:2", *TRAIN),
-                                "--max-np (1) must be >= --min-np (2)"),
+                                "-np (2) must be <= --max-np (1)"),
+    # --min-np defaults to -np: the message names the flags given
+    "max-np-below-np": Case(("-np", "4", "--max-np", "1", "-H", "localhost:4", *TRAIN), "-np (4) must be <= --max-np (1)"),
+    "whole-hosts-np-odd-alone": Case(("-np", "3", "-H", "a:2,b:2", "--slots-per-host", "2", "--whole-hosts", *TRAIN),
+                                     "with --whole-hosts, -np, --min-np and --max-np count whole hosts' workers: -np 3 "
+                                     "not a multiple of --slots-per-host 2"),
     "whole-hosts-without-slots": Case(("-np", "4", "-H", "a:2,b:2", "--whole-hosts", *TRAIN),
                                       "--whole-hosts needs --slots-per-host N"),
     "whole-hosts-part-of-a-host": Case(("-np", "3", "-H", "a:2,b:2", "--slots-per-host", "2", "--whole-hosts", *TRAIN),
@@ -54,7 +59,12 @@ CASES = {
     "no-command": Case(("-np", "2", "-H", "localhost:2"), "no training command given"),
     "no-host-source": Case(("-np", "2", *TRAIN), "no hosts: give -H/--hosts"),
     "two-host-sources": Case(("-np", "2", "-H", "localhost:2", "--host-discovery-script", "{dir}/good.sh", *TRAIN),
-                             "choose one host source: static / script were given"),
+                             "choose one host source: -H/--hosts, --host-discovery-script were given"),
+    # It was "could not read <file>/job.json: [Errno 20] Not a directory", exit 1, as if storage had failed.
+    "checkpoint-dir-a-file": Case(("-np", "2", "-H", "localhost:2", "--checkpoint-dir", "{dir}/good.sh", *TRAIN),
+                                  "good.sh: it is a file, not a directory"),
+    "checkpoint-dir-under-a-file": Case(("-np", "2", "-H", "localhost:2", "--checkpoint-dir", "{dir}/good.sh/ck",
+                                         *TRAIN), "/good.sh is a file, not a directory"),
     "script-not-executable": Case(("-np", "2", "--host-discovery-script", "{dir}/plain.sh", *TRAIN),
                                   "is not executable"),
     "script-missing": Case(("-np", "2", "--host-discovery-script", "{dir}/missing.sh", *TRAIN),

@@ -48,8 +48,11 @@ def test_flags_map_to_provider_and_options(argv, expected):
 
 @pytest.mark.parametrize(("argv", "message"), [
     ([], "no hosts: give -H/--hosts"),
-    (["--aws-asg", "a", "--gcp-mig", "b"], "choose one host source: aws / gcp were given"),
-    (["-H", "a", "--aws-asg", "b"], "choose one host source: static / aws"),
+    (["--aws-asg", "a", "--gcp-mig", "b"], "choose one host source: --aws-asg, --gcp-mig were given"),
+    (["-H", "a", "--aws-asg", "b"], "choose one host source: -H/--hosts, --aws-asg were given"),
+    (["-H", "a", "--provider", "gcp"], "choose one host source: -H/--hosts, --provider gcp were given"),
+    (["-H", ""], "-H/--hosts is empty: give host"),
+    (["-H", " "], "-H/--hosts is empty"),
     (["--aws-asg", "a", "--gcp-zone", "z"], "--gcp-zone needs --gcp-mig (or --provider gcp)"),
     (["--provider", "hostsfile", "--aws-region", "r"], "--aws-region needs --aws-asg"),
     # Accepted and ignored, these were: a user who gave a notice queue got no notices and no word.

@@ -71,6 +71,9 @@ def test_non_zero_exit_reports_code_and_last_stderr_line(make_script) -> None:
     find_fails(script, r"exited with code 3: quota exceeded$")
 
 
+def test_a_non_zero_exit_with_a_silent_stderr_says_so(make_script) -> None:
+    find_fails(make_script("echo a:2; exit 4"), r"exited with code 4 \(nothing on its stderr\)$")
+
 def test_hanging_script_and_its_children_are_killed_after_timeout(make_script, tmp_path: Path) -> None:
     script = make_script(
         """

@@ -101,12 +101,26 @@ class StartPlan:
 def open_store(config: JobConfig) -> Any:
     """The CheckpointStore of ``--checkpoint-dir`` (None without one). Imports torch: seconds.
 
-    ConfigError for a missing fsspec backend."""
+    ConfigError for a missing fsspec backend, or a local path that is a file or lies under one."""
     if config.checkpoint_dir is None:
         return None
+    _refuse_a_file(config.checkpoint_dir)
     from cloud_elastic.checkpoint import CheckpointStore
 
     return CheckpointStore(config.checkpoint_dir, keep=config.checkpoint_keep)
+
+
+def _refuse_a_file(url: str) -> None:
+    """A local ``--checkpoint-dir`` that is a file, or under one, as the one-line error of a flag (it was
+    "could not read /etc/passwd/job.json: [Errno 20] Not a directory", exit 1, as if storage had failed)."""
+    if "::" in url or ("://" in url and not url.startswith("file://")):
+        return
+    path = os.path.abspath(url[len("file://"):] if url.startswith("file://") else url)
+    at = path
+    while not os.path.lexists(at) and os.path.dirname(at) != at:
+        at = os.path.dirname(at)
+    if os.path.exists(at) and not os.path.isdir(at):
+        raise ConfigError(f"--checkpoint-dir {url}: {'it' if at == path else at} is a file, not a directory")
 
 
 def plan_start(config: JobConfig, store: Any, *, job_id: str) -> StartPlan:
