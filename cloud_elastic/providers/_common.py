@@ -46,8 +46,11 @@ _MAX_SECONDS = 86400.0
 
 
 def one_line(text: object, limit: int = 300) -> str:
-    """Collapse an SDK message to one line of at most ``limit`` characters."""
-    flat = " ".join(str(text).split())
+    """Collapse an SDK's or a script's message to one line of at most ``limit`` characters, control characters
+    escaped (``\x1b``): a terminal shows the driver's log, and an escape sequence in it can clear the screen,
+    retitle the window or paint a line the driver never wrote."""
+    flat = "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii")
+                   for c in " ".join(str(text).split()))
     return flat if len(flat) <= limit else flat[: limit - 1] + "…"
 
 

@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Callable, Mapping, Sequence
 
+from cloud_elastic.config import MAX_DURATION_S
 from cloud_elastic.errors import (CapacityDeniedError, CapacityError, DiscoveryError, FatalDiscoveryError,
                                   RetryableDiscoveryError)
 from cloud_elastic.providers.api import DiscoveredHosts, HostDiscovery, cancel_find, lets_go
@@ -86,7 +87,8 @@ def call_limit_s(discovery: HostDiscovery, timeout_s: float) -> float:
         log.warning("discovery provider %s: find_limit_s(%g) failed (%s): using --discovery-timeout",
                     type(discovery).__name__, timeout_s, exc)
         return timeout_s
-    return max(timeout_s, own) if math.isfinite(own) else timeout_s
+    # At most a year, as every duration: a plugin's 1e12 overflowed the driver's wait for the call
+    return max(timeout_s, min(own, MAX_DURATION_S)) if math.isfinite(own) else timeout_s
 
 
 def _outcome(find: Callable[[], DiscoveredHosts]) -> DiscoveredHosts | Exception:

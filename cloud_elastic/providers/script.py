@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import errno
-import math
 import os
 import selectors
 import signal
@@ -12,7 +11,9 @@ import threading
 import time
 from typing import Mapping
 
+from cloud_elastic.config import check_seconds
 from cloud_elastic.errors import ConfigError, DiscoveryError, FatalDiscoveryError, RetryableDiscoveryError
+from cloud_elastic.providers._common import one_line
 from cloud_elastic.providers.api import DiscoveredHosts, HostDiscovery, ProviderOption
 from cloud_elastic.providers.hostspec import parse_host_list
 
@@ -80,9 +81,8 @@ class DiscoveryScript(HostDiscovery):
             timeout_s = float(options.get("timeout_s", "30"))
         except ValueError as exc:
             raise ConfigError(f"option 'timeout_s' must be a number, got {options['timeout_s']!r}") from exc
-        if not (math.isfinite(timeout_s) and timeout_s > 0):
-            raise ConfigError(f"option 'timeout_s' must be > 0 (a finite number of seconds), "
-                              f"got {options['timeout_s']!r}")
+        # At most a year, as every duration (1e12 overflowed a wait in the driver's discovery thread, which died)
+        check_seconds("option 'timeout_s'", timeout_s)
         return cls(os.path.abspath(path), slots_per_host=slots_per_host or 1, timeout_s=timeout_s)
 
     def find_limit_s(self, timeout_s: float) -> float:
@@ -148,7 +148,7 @@ class DiscoveryScript(HostDiscovery):
             raise RetryableDiscoveryError(f"discovery script {self.path} was killed: the job is stopping")
         if proc.returncode != 0:
             last = err.decode(errors="replace").strip().splitlines()[-1:]
-            said = f": {last[0][:200]}" if last else " (nothing on its stderr)"
+            said = f": {one_line(last[0], 200)}" if last else " (nothing on its stderr)"
             raise RetryableDiscoveryError(f"discovery script {self.path} exited with code {proc.returncode}{said}")
         try:
             hosts = parse_host_list(

@@ -384,3 +384,38 @@ def test_a_release_put_off_behind_a_stalled_call_is_said_released_once_when_made
         multi.close()
     said = [r.getMessage() for r in caplog.records if "released drained host" in r.getMessage()]
     assert (said, group.released) == (["released drained host 10.0.0.6 (i-6) to the cloud"], [("10.0.0.6", "i-6")])
+
+
+class HugeLimitProvider(PushProvider):
+    """A plugin that says its call may take 1e12 s: the driver's wait for it overflowed (OverflowError in the
+    discovery thread, which died, and the job ran on without discovery)."""
+
+    def find_limit_s(self, timeout_s: float) -> float:
+        return 1e12
+
+
+def test_a_plugins_huge_call_limit_is_held_to_a_year_and_its_hosts_come():
+    poller = DiscoveryPoller(HugeLimitProvider(), lambda result: None, interval_s=3600)
+    try:
+        assert poller.limit_s == 365 * 86400.0
+        assert poller.poll_once() == DiscoveredHosts(ready={"a": 1})
+    finally:
+        poller.close()
+
+
+def test_a_fault_of_the_pollers_own_is_a_failed_poll_and_discovery_goes_on(monkeypatch, caplog):
+    provider = PushProvider()
+    results: queue.SimpleQueue = queue.SimpleQueue()
+    poller = DiscoveryPoller(provider, results.put, interval_s=0.05)
+    real, faults = poller.poll_once, [OverflowError("timestamp out of range for platform time_t")]
+    monkeypatch.setattr(poller, "poll_once", lambda: (_ for _ in ()).throw(faults.pop()) if faults else real())
+    with caplog.at_level(logging.ERROR, "cloud_elastic.driver.runtime.discovery"):
+        poller.start()
+        try:
+            first = results.get(timeout=5)
+            assert isinstance(first, DiscoveryFailure) and not first.fatal
+            assert first.message == "the discovery poller failed: OverflowError: timestamp out of range for platform time_t"
+            assert results.get(timeout=5) == DiscoveredHosts(ready={"a": 1})  # the thread lives on
+        finally:
+            poller.close()
+    assert [r.message for r in caplog.records] == ["the discovery poller failed"]

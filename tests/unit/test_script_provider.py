@@ -71,6 +71,14 @@ def test_non_zero_exit_reports_code_and_last_stderr_line(make_script) -> None:
     find_fails(script, r"exited with code 3: quota exceeded$")
 
 
+def test_control_characters_on_a_failing_scripts_stderr_reach_the_log_escaped(make_script) -> None:
+    # Raw, they cleared the driver's terminal, retitled it and painted a line of their own there.
+    script = make_script(r"printf '\033]0;title\007\033[2J\033[1;31mFAKE: job succeeded\n' >&2; exit 3")
+    message = find_fails(script, "exited with code 3: ")
+    assert message.endswith(r"exited with code 3: \x1b]0;title\x07\x1b[2J\x1b[1;31mFAKE: job succeeded"), message
+    assert message.isprintable()
+
+
 def test_a_non_zero_exit_with_a_silent_stderr_says_so(make_script) -> None:
     find_fails(make_script("echo a:2; exit 4"), r"exited with code 4 \(nothing on its stderr\)$")
 
@@ -134,6 +142,7 @@ def test_unusable_path_is_refused_before_running(make_script, tmp_path: Path, se
         ({"timeout_s": "soon"}, "'timeout_s' must be a number"),
         ({"timeout_s": "0"}, "'timeout_s' must be > 0"),
         ({"timeout_s": "-1"}, "'timeout_s' must be > 0"),
+        ({"timeout_s": "1e12"}, r"'timeout_s' must be at most 3\.1536e\+07 seconds \(a year\), got 1e\+12"),
         ({"interval": "1"}, "has no option 'interval'"),
     ],
 )

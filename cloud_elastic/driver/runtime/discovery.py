@@ -258,7 +258,12 @@ class DiscoveryPoller:
             self._wake.clear()  # news arriving from here on wakes the wait below
             self._release_queued()
             self._set_capacity_queued()
-            result = self.poll_once()
+            try:
+                result = self.poll_once()
+            except Exception as exc:  # a fault of the poller's own must not end discovery for the rest of the job
+                log.log(logging.DEBUG if self._streak.count else logging.ERROR, "the discovery poller failed",
+                        exc_info=True)
+                result = DiscoveryFailure(f"the discovery poller failed: {type(exc).__name__}: {exc}", fatal=False)
             if self._stop.is_set():
                 return  # a call the stop cut short (a script killed) is no failure to log after the job's end
             if isinstance(result, DiscoveryFailure):
