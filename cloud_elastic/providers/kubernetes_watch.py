@@ -45,7 +45,9 @@ list to the view, then watches from the list's ``resourceVersion``:
   :meth:`ResourceWatch.trouble` says so once that is past :func:`silence_s`
   (never with the defaults: the back-off stays under 40 s);
 * anything else (a connection cut or refused, a 5xx, a 429) is retried from
-  the kept version after a back-off of 0.5 s doubling to 30 s, with jitter, or,
+  the kept version after a back-off of 0.5 s doubling to 30 s, with jitter
+  (back to 0.5 s once a stream has applied an event: a cut after serving well,
+  a proxy's or an API server's under an event flood, is not an outage), or,
   for a 429 or 503 with ``Retry-After``, after what it asks if longer (at most
   30 s: :func:`~.kubernetes_stream.retry_after`).
   :meth:`ResourceWatch.trouble` says why, and since when the view may be
@@ -229,6 +231,8 @@ class ResourceWatch:
         self._heard = time.time()  # the last line or response from the server: the view is current up to then
         self._empty: list[float] = []  # when each watch of the present run of empty ends ended
         self._gones = 0  # 410s in a row, each after a relist, with no event between
+        #: The stream (or a relist) showed the server healthy since the last failure: the back-off starts again.
+        self._proven = False
         self._warned_not_event = False  # the WARNING of the present outage for an answer that is not an event
         #: The resourceVersion the next watch starts from (of the last list or event).
         self.resource_version: str | None = None
@@ -411,6 +415,9 @@ class ResourceWatch:
                     self._trouble = (self._trouble[0] if self._trouble else self._down_since(self._resuming), reason)
                     _log.debug("%s watch still down: %s", self.what, reason)
                 self._resuming = None
+                if self._proven:  # its stream applied an event before it was cut: the server is there (a proxy
+                    delay = _BACKOFF_FIRST_S  # that resets long streams): reconnect soon, as client-go does
+                self._proven = False
                 asked = retry_after(exc)  # a throttled answer: not again before it says (within bounds)
                 self._stop.wait(max(delay * (0.75 + 0.5 * self._rng.random()), asked[1] if asked else 0.0))
                 delay = min(_BACKOFF_MAX_S, delay * 2)
@@ -460,6 +467,7 @@ class ResourceWatch:
         self._empty.clear()
         self._failures = 0
         self._warned_not_event = False
+        self._proven = True
         if self._trouble is not None or self._resuming is not None:
             _log.info("%s watch resumed at version %s", self.what, self.resource_version)
             self._trouble = self._resuming = None

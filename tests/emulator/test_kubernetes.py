@@ -461,3 +461,24 @@ def test_the_fakes_json_reads_as_the_clients_models():
     assert listing.metadata.resource_version == "7" and listing.items[0].status.pod_ip == "10.68.0.1"
     event = model({"type": "MODIFIED", "object": raw}, "V1WatchEvent")
     assert event.type == "MODIFIED"
+
+
+def test_watches_cut_after_serving_events_reconnect_at_once_not_after_a_growing_back_off(kubernetes, watched):
+    """A proxy or an API server under an event flood cuts long streams that were serving fine. The back-off kept
+    doubling across such cuts (it was reset only by a stream's clean end): after seven, a reconnect waited 30 s
+    and more, and a pod's deletion reached the view 34 s late, past GKE's 15 s Spot grace."""
+    ns = "ns-cut-often"
+    kubernetes.add_node("cut-n")
+    kubernetes.add_pod("w0", "10.66.0.1", namespace=ns, node="cut-n")
+    w = watched(ns)
+    pods = w.discovery.watches[0]
+    for restarts in range(1, 8):
+        kubernetes.change_pod("w0", ns, restarts=restarts)  # the stream serves an event: the server is healthy
+        w.until(lambda s, r=restarts: s.instances.get("10.66.0.1", "").endswith(f"/{r}"))
+        opened = pods.watches
+        kubernetes.cut_watches()
+        # Each reconnect waits the first back-off (0.5 s, jittered); doubling, the sixth waited 16 s, the seventh 30.
+        deadline = time.monotonic() + 8
+        while pods.watches == opened and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert pods.watches > opened, f"no reconnect within 8 s of cut {restarts}"
