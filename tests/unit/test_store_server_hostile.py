@@ -304,8 +304,9 @@ def test_a_million_tiny_keys_count_what_they_take_in_memory(served):
     while sent < 600_000 and not refused:
         n = 50_000
         s = connect(store.port)
-        s.sendall(bytes([MULTI_SET]) + struct.pack("<Q", n) + _vec(_round_key("first")) + _vec(b"v") + b"".join(
-            _vec(b"%07d" % (sent + i)) + _vec(b"v") for i in range(1, n)))  # proven by its first key
+        s.sendall(_set(_round_key("first"), b"v"))  # proven: its big command is not a stranger's (a quarter at most)
+        s.sendall(bytes([MULTI_SET]) + struct.pack("<Q", n) + b"".join(
+            _vec(b"%07d" % (sent + i)) + _vec(b"v") for i in range(n)))
         refused = not served_still(s)
         s.close()
         sent += n
@@ -332,6 +333,32 @@ def test_a_stranger_who_fills_the_store_and_leaves_leaves_the_workers_room_for_t
     assert store.said("their oldest keys are deleted to make room"), store.logged
     stranger = torch_client(store.port)
     assert stranger.get("junk63") == junk and not stranger.check(["junk0"])  # its newest keys, not its oldest
+
+
+def test_strangers_who_never_finish_their_commands_cannot_refuse_the_rounds_their_keys(served):
+    """Hostile review (session 70): connections that validate, then announce values they never send, held the whole
+    bound as unfinished commands for as long as they stayed connected (32 of 8 MiB at the driver's 256 MiB), and
+    every round's keys were refused meanwhile. What unproven connections hold (unfinished commands, awaited keys,
+    unread answers) now stays within the same quarter as what they wrote: past it, the one that has held bytes
+    longest is closed. The bound is 32 MiB here (the driver's is 256), so that the test is quick."""
+    store = served(env={"MAX_BYTES": str(32 << 20)})
+    strangers = []
+    for i in range(16):  # 2 MiB announced each, a byte of it sent: the whole bound, from several addresses
+        s = connect(store.port, f"127.0.0.{10 + i % 4}")
+        s.sendall(bytes([SET]) + _vec(b"/junk%d" % i) + struct.pack("<Q", 2 << 20) + b"x")
+        strangers.append(s)
+    assert served_still(connect(store.port, "127.0.0.9"))  # every stranger's command has been read
+    worker = SignedStore(torch_client(store.port), round_namespace(_SECRET, "job", 1), _SECRET)
+    for i in range(8):  # 8 MiB: a round's keys find room (before, "store full", the worker's connection closed)
+        worker.set(f"rank_{i}", b"w" * (1 << 20))
+    assert worker.get("rank_7") == b"w" * (1 << 20)
+    assert store.said("closed to make room for newer bytes"), store.logged
+    for s in strangers:
+        s.settimeout(0.5)  # a closed one reads its end at once
+    open_still = [s for s in strangers if not closed_by_server(s)]
+    assert len(open_still) <= 4, f"{len(open_still)} strangers hold 2 MiB each, past the quarter's 8 MiB"
+    for s in strangers:
+        s.close()
 
 
 def test_making_room_among_many_tiny_stranger_keys_takes_the_oldest_at_once(served):

@@ -24,9 +24,9 @@ server's share is full, the oldest connection of the lowest tier is. Only when e
 proven is the new one refused. Before a connection is closed for a newer one, what it has sent is
 read: a worker whose signed request waited behind a burst of connections proves itself then. A
 proven connection is never closed to make room for a stranger. A server may also bound the bytes
-that unproven connections' inboxes hold together (``unproven_bytes``: the control plane does; the
-store counts its memory itself): past it, the unproven connection that has held bytes longest is
-closed, after the same read.
+that unproven connections hold together (``unproven_bytes``; what a connection holds is its inbox, or
+what the server says, :meth:`SelectorServer._holds`: the store counts its unfinished command, awaited keys and
+unread answers): past it, the unproven connection that has held bytes longest is closed, after the same read.
 
 **Nothing a client does ends the serving thread.** A hook that raises while handling one connection (a bug, or a
 reply the server cannot make) costs that connection: :meth:`SelectorServer._failed` answers or drops it, and the
@@ -408,13 +408,17 @@ class SelectorServer:
         """Bring the count of the bytes unproven connections hold (``unproven_bytes``) up to date with ``conn``'s."""
         if self.unproven_bytes is None:
             return
-        held = len(conn.inbox) if conn.open and not conn.proven else 0
+        held = self._holds(conn) if conn.open and not conn.proven else 0
         self._holding_bytes += held - conn.counted
         conn.counted = held
         if held:
             self._holding.setdefault(conn, None)
         else:
             self._holding.pop(conn, None)
+
+    def _holds(self, conn: Connection) -> int:
+        """The bytes ``conn`` holds against ``unproven_bytes``: its inbox (the store counts its own memory)."""
+        return len(conn.inbox)
 
     def _flush(self, conn: Connection) -> None:
         """Send what the socket takes now of ``conn``'s outbox; watch for it to take more, or drop it on an error."""

@@ -51,7 +51,9 @@ driver's process down or grow it without bound:
   What unproven connections wrote (each key and queue counted by the last connection that wrote it)
   stays within a quarter of that: an unproven write past it deletes the oldest of them, never what a
   proven connection wrote, so strangers who fill the store and leave cannot refuse the workers' rounds
-  their keys. Their keys are not deleted when they disconnect; the quarter bounds them either way. A round's
+  their keys. Their keys are not deleted when they disconnect; the quarter bounds them either way. What they
+  hold while connected (unfinished commands, awaited keys, unread answers) stays within another quarter: past
+  it, the unproven connection that has held bytes longest is closed (``unproven_bytes``). A round's
   ``hvd.elastic.run`` mark (``worker/joining.py``), written on a fresh connection closed at once, is a
   key of that round: it proves its connection, so no flood evicts it, and goes with the round's keys.
   A command is at most :data:`MAX_COMMAND_BYTES` (17 MiB:
@@ -252,6 +254,9 @@ class StoreServer(SelectorServer):
         self._strangers_full_said = False
         self._forget_lock = threading.Lock()
         self._to_forget: list[bytes] = []  # namespaces whose keys go, handed over by forget()
+        # What unproven connections hold (unfinished commands, awaited keys, unread answers) stays within the same
+        # quarter: past it, the one that has held bytes longest is closed (``SelectorServer._keep_to_budget``).
+        self.unproven_bytes = int(max_bytes * UNPROVEN_STORE_SHARE) if proves is not None else None
 
     def start(self) -> "StoreServer":
         """Serve from a daemon thread until :meth:`close`; returns the server."""
@@ -425,6 +430,11 @@ class StoreServer(SelectorServer):
         footprint = client.pending + len(client.outbox) + client.awaiting_bytes
         self._held += footprint - client.footprint
         client.footprint = footprint
+        self._count(client)
+
+    def _holds(self, conn: Connection) -> int:
+        assert isinstance(conn, _Client)
+        return conn.footprint
 
     def _interest(self, conn: Connection) -> int:
         """Its answers while some wait; its commands while fewer than MAX_OUTBOX_BYTES of answers wait."""
