@@ -6,6 +6,7 @@ Layout below the store's URL::
     driver-alive.json                                 the running driver's sign of life (checkpoint.alive)
     drivers/<generation>.json                         the newest drivers' claims (checkpoint.claims)
     succeeded.json                                    the job succeeded, at which step (driver.restart.finished)
+    checkpointed.json                                 the newest checkpoint written: its job, step and folder
     ckpt-20261123T143012123456Z-step000000001200/
         state.pt                                      torch.save(payload), written first
         manifest.json                                 written last: step, digest, ...
@@ -60,6 +61,9 @@ DCP_METADATA = ".metadata"
 #: DCP's metadata as JSON (checkpoint.dcp): what this cloud-elastic reads instead of the pickled ``.metadata``.
 DCP_METADATA_JSON = "metadata.json"  # the same as checkpoint.dcp.METADATA_JSON
 JOB_RECORD = "job.json"
+#: The newest checkpoint written, kept beside the folders: a start that finds no folder but this record knows the
+#: job's state was there, and does not train it again from initial weights (``driver.restart.stored``).
+CHECKPOINTED_RECORD = "checkpointed.json"
 #: The most a manifest, the job record or the driver's alive record may hold: each is a few hundred bytes to a
 #: few KiB (a manifest lists a sharded checkpoint's files), and storage is not trusted with the reader's memory.
 MAX_RECORD_BYTES = 4 * 1024 * 1024
@@ -204,8 +208,20 @@ class CheckpointStore:
         info = checkpoint_info(name, backend.url(name), manifest)
         log.info("checkpoint of step %d written to %s (%d bytes%s)", step, info.url, digest.size,
                  "" if shards is None else f", and {sum(size for size, _ in shards.values())} bytes of shards")
+        self._record_newest(info)
         self._prune(name, existing)
         return info
+
+    def _record_newest(self, info: CheckpointInfo) -> None:
+        """Write ``checkpointed.json`` for ``info``: a warning when storage refuses it, never a failed checkpoint (the
+        record only lets a start that finds every folder gone refuse to train over what they held)."""
+        body = json.dumps({"format": FORMAT, "job_id": info.job_id, "step": info.step, "name": info.name},
+                          sort_keys=True).encode()
+        try:
+            self.backend.write(CHECKPOINTED_RECORD, lambda f: f.write(body))
+        except Exception as exc:  # noqa: BLE001 - the checkpoint itself is written
+            log.warning("could not record the checkpoint of step %d in %s: %s", info.step,
+                        self.backend.url(CHECKPOINTED_RECORD), _one_line(exc))
 
     def _new_name(self, step: int, existing: list[str]) -> str:
         """A name that sorts after every checkpoint already there, even if this host's clock is behind."""

@@ -4,7 +4,9 @@
   warm-start, so it is still resumed, but the start line names the job that wrote it;
 * a succeeded job whose checkpoints AND ``job.json`` were gone was trained again from initial weights under a new
   job id, which then wrote its own ``succeeded.json`` over the record (gone.sh D): refused now, as a succeeded job
-  whose checkpoints alone are gone is, with the remedies; so is one that only the drivers' claims name.
+  whose checkpoints alone are gone is, with the remedies; so is one that only the drivers' claims name;
+* a job whose checkpoint folders were all gone (deleted, moved, lost by storage) trained again from initial weights
+  and said "succeeded" (session 70's audit): ``checkpointed.json`` says one was written, and the start is refused.
 """
 
 from __future__ import annotations
@@ -27,6 +29,14 @@ def _config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> JobConfig:
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
     return JobConfig(command=("python", "train.py"), num_proc=2, min_np=1, max_np=2,
                      checkpoint_dir=str(tmp_path / "ckpt"), checkpoint_keep=3)
+
+
+def _job_j1(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """(config, store) of job j1, started on a fresh ``--checkpoint-dir``."""
+    config = _config(tmp_path, monkeypatch)
+    store = open_store(config)
+    plan_start(config, store, job_id="j1")
+    return config, store
 
 
 def test_a_checkpoint_copied_in_from_another_job_is_resumed_and_the_start_line_names_its_job(
@@ -64,10 +74,12 @@ def test_a_succeeded_job_whose_checkpoints_and_job_record_are_gone_is_refused(
     assert message.startswith("job j1 succeeded at step 30 on "), message
     assert "which holds neither its checkpoints nor its job record (job.json) now: not training it again from " \
            "initial weights; use a fresh --checkpoint-dir, or remove " in message and "\n" not in message
-    assert message.endswith("succeeded.json to train a new job there"), message
+    assert "/succeeded.json and " in message and message.endswith("/checkpointed.json to train a new job there"), \
+        message
     assert not (ckpt / "job.json").exists() and (ckpt / "succeeded.json").read_bytes() == success
 
     (ckpt / "succeeded.json").unlink()  # the remedy: a new job trains there
+    (ckpt / "checkpointed.json").unlink()
     plan = plan_start(config, open_store(config), job_id="j3")
     assert plan.job_id == "j3" and not plan.resumed
 
@@ -94,9 +106,50 @@ def test_a_success_that_names_no_step_without_its_job_record_still_starts(
     """As with its job record (test_restart_symlinked_checkpoints): nothing trained is on record."""
     from cloud_elastic.driver.restart.finished import mark_succeeded
 
-    config = _config(tmp_path, monkeypatch)
-    store = open_store(config)
-    plan_start(config, store, job_id="j1")
+    config, store = _job_j1(tmp_path, monkeypatch)
     mark_succeeded(store, "j1")
     (tmp_path / "ckpt" / "job.json").unlink()
     assert plan_start(config, open_store(config), job_id="j2").job_id == "j2"
+
+
+@BACKENDS
+def test_a_job_whose_checkpoint_folders_are_all_gone_is_not_trained_again_from_initial_weights(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, scheme: str) -> None:
+    """The audit's case: a job trained to step 128 and checkpointed; its folders went (a clean-up script, a bucket
+    lifecycle rule, ``rm -rf ckpt-*``) and the same command started over from step 0, ending "succeeded"."""
+    config, ckpt, _ = _finished_job(tmp_path, monkeypatch, scheme)
+    (ckpt / "succeeded.json").unlink()  # not a finished job: one that was stopped, its checkpoints then lost
+    for folder in ckpt.glob("ckpt-*"):
+        shutil.rmtree(folder)
+    with pytest.raises(ConfigError) as refused:
+        plan_start(config, open_store(config), job_id="j2")
+    message = str(refused.value)
+    assert message.startswith("job j1 wrote a checkpoint of step 30 (ckpt-"), message
+    assert "which holds no checkpoint now: not training it again from initial weights; put its checkpoint folders " \
+           "back, use a fresh --checkpoint-dir, or remove " in message and "\n" not in message
+    assert message.endswith("checkpointed.json to train it from the start there"), message
+
+    (ckpt / "job.json").unlink()  # and the job record too: refused as well, the record naming the job
+    with pytest.raises(ConfigError, match=r"^job j1 wrote a checkpoint of step 30 \(ckpt-.*which holds neither its "
+                                          r"checkpoints nor its job record"):
+        plan_start(config, open_store(config), job_id="j3")
+
+    (ckpt / "checkpointed.json").unlink()  # the remedy, a deliberate act: a new job trains there
+    shutil.rmtree(ckpt / "drivers", ignore_errors=True)
+    assert plan_start(config, open_store(config), job_id="j4").job_id == "j4"
+
+
+def test_each_checkpoint_written_is_recorded_and_a_record_that_cannot_be_read_still_refuses(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+
+    config, store = _job_j1(tmp_path, monkeypatch)
+    first = store.save(10, {"step": 10}, {"job_id": "j1"})
+    newest = store.save(20, {"step": 20}, {"job_id": "j1"})
+    record = json.loads((tmp_path / "ckpt" / "checkpointed.json").read_bytes())
+    assert (record["job_id"], record["step"], record["name"]) == ("j1", 20, newest.name) and first.name != newest.name
+    for folder in (tmp_path / "ckpt").glob("ckpt-*"):
+        shutil.rmtree(folder)
+    (tmp_path / "ckpt" / "checkpointed.json").write_text("{not json")  # torn or tampered with: still a record
+    with pytest.raises(ConfigError, match=r"^job j1 wrote a checkpoint \(its record cannot be read: "):
+        plan_start(config, open_store(config), job_id="j2")

@@ -8,8 +8,11 @@ and the signs of a job whose state is gone.
   copying one in is a deliberate act.
 * :func:`list_checkpoints` lists them, refusing (ConfigError) to train over a state that is there but cannot be read, or
   a succeeded job's whose checkpoints are gone (``succeeded.json``, :mod:`.finished`).
-* :func:`refuse_if_job_gone`: with neither a job record nor a checkpoint, ``succeeded.json`` or the drivers' claims
-  (:mod:`cloud_elastic.checkpoint.claims`) may still name a job that ran there; a new job would train it again from
+* :func:`list_checkpoints` also refuses a job whose folders are all gone while ``checkpointed.json`` (the newest
+  checkpoint written, :mod:`cloud_elastic.checkpoint.store`) says one was written: moved, deleted or lost by storage,
+  starting over would train over them.
+* :func:`refuse_if_job_gone`: with neither a job record nor a checkpoint, ``succeeded.json``, ``checkpointed.json``
+  or the drivers' claims (:mod:`cloud_elastic.checkpoint.claims`) may still name a job that ran there; a new job would train it again from
   initial weights (and write its own success over the record), so the start is refused, with the remedies.
 """
 
@@ -19,6 +22,7 @@ import logging
 import time
 from typing import Any
 
+from cloud_elastic.checkpoint.store import CHECKPOINTED_RECORD as _CHECKPOINTED
 from cloud_elastic.driver.restart.finished import SUCCEEDED_RECORD
 from cloud_elastic.errors import CheckpointError, ConfigError
 
@@ -92,29 +96,58 @@ def list_checkpoints(store: Any, job_id: str) -> list[Any]:
             raise ConfigError(f"job {job_id} succeeded at step {succeeded[1]} on {store.url}, which holds no "
                               "checkpoint now: not training it again from initial weights; put its checkpoint "
                               "folders back, or use a fresh --checkpoint-dir")
+        written = _checkpointed(store)
+        if written is not None and written[0] in (job_id, None):
+            # its folders were moved or deleted (or storage lost them): starting over would train over them
+            raise ConfigError(f"job {job_id} wrote {written[1]} to {store.url}, which holds no checkpoint now: not "
+                              "training it again from initial weights; put its checkpoint folders back, use a fresh "
+                              f"--checkpoint-dir, or remove {store.backend.url(_CHECKPOINTED)} to train it from the "
+                              "start there")
     return found
 
 
 def refuse_if_job_gone(store: Any) -> None:
     """ConfigError when ``store`` holds neither a job record nor a checkpoint (the caller looked) but its
-    ``succeeded.json`` or its drivers' claims name a job that ran there (see module docstring); CheckpointError
-    when the claims cannot be listed. A success record that cannot be read is warned about and not counted; one that
-    names no step (the job succeeded before any checkpoint) has nothing trained to lose, as in
-    :func:`list_checkpoints`."""
+    ``succeeded.json``, ``checkpointed.json`` or its drivers' claims name a job that ran there (see module
+    docstring); CheckpointError when the claims cannot be listed. A success record that cannot be read is warned
+    about and not counted; one that names no step (the job succeeded before any checkpoint) has nothing trained to
+    lose, as in :func:`list_checkpoints`."""
     from cloud_elastic.checkpoint.claims import CLAIMS, newest_claim
 
     succeeded = _succeeded(store, warn=True)
+    written = _checkpointed(store)
     newest = newest_claim(store)
     claimed = newest is not None and newest.driver is not None
     remove = " and ".join(store.backend.url(name) for name, there in (
-        (SUCCEEDED_RECORD, succeeded is not None), (CLAIMS, claimed)) if there)
+        (SUCCEEDED_RECORD, succeeded is not None), (_CHECKPOINTED, written is not None), (CLAIMS, claimed)) if there)
     gone = (f"which holds neither its checkpoints nor its job record (job.json) now: not training it again from "
             f"initial weights; use a fresh --checkpoint-dir, or remove {remove} to train a new job there")
     if succeeded is not None and succeeded[1] is not None:  # one that never checkpointed has nothing to lose
         raise ConfigError(f"job {succeeded[0]} succeeded at step {succeeded[1]} on {store.url}, {gone}")
+    if written is not None:
+        raise ConfigError(f"job {written[0] or '(unnamed)'} wrote {written[1]} to {store.url}, {gone}")
     if claimed:
         job = " ".join(newest.driver.job_id[:64].split())
         raise ConfigError(f"job {job} ran on {store.url} (driver generation {newest.generation}), {gone}")
+
+
+def _checkpointed(store: Any) -> tuple[str | None, str] | None:
+    """(job, what) of the newest checkpoint ``checkpointed.json`` says was written (job None: unnamed; what: ``a
+    checkpoint of step 40 (ckpt-...)``); None when there is no such record. One that cannot be read counts as
+    written: only a checkpoint writes one (the refusal says which file to remove)."""
+    from cloud_elastic.checkpoint.store import read_record
+
+    def parse(body: dict[str, Any]) -> tuple[str | None, str]:
+        job, step, name = body.get("job_id"), body["step"], body["name"]
+        if type(step) is not int or not isinstance(name, str):
+            raise ValueError("step is not an integer or name not a string")
+        return ((" ".join(job[:64].split()) if isinstance(job, str) and job else None),
+                f"a checkpoint of step {step} ({' '.join(name[:80].split())})")
+
+    try:
+        return read_record(store, _CHECKPOINTED, _CHECKPOINTED, "checkpoint record", parse)
+    except CheckpointError as exc:
+        return None, f"a checkpoint (its record cannot be read: {exc})"
 
 
 def _succeeded(store: Any, *, warn: bool = False) -> tuple[str, int | None] | None:
