@@ -272,7 +272,8 @@ class JobConfig:
                   ("--discovery-interval", self.discovery_interval_s, MIN_DISCOVERY_INTERVAL_S, ""),
                   ("--progress-timeout", self.progress_timeout_s, MIN_PROGRESS_TIMEOUT_S, " (or 0: never)"))
         for flag, value, floor, besides in floors:  # first: 0 is below the floor, not just "not > 0"
-            if math.isfinite(value) and value < floor and not (besides and value == 0):
+            numeric = isinstance(value, (int, float)) and not isinstance(value, bool)  # else check_seconds says
+            if numeric and math.isfinite(value) and value < floor and not (besides and value == 0):
                 raise ConfigError(f"{flag} must be at least {floor:g}s{besides}, got {value:g}")
         for flag, value in positive.items():
             check_seconds(flag, value)
