@@ -88,8 +88,8 @@ def test_checkpoints_round_trip_through_s3_with_keep_k(moto_url: str, bucket: st
     assert writer.stats().written == 3
 
     keys = _keys(moto_url, bucket)
-    layout = r"jobs/run-1/ckpt-\d{8}T\d{12}Z-step\d{12}/(state\.pt|manifest\.json)"
-    assert len(keys) == 4 and all(re.fullmatch(layout, k) for k in keys)
+    layout = r"jobs/run-1/(ckpt-\d{8}T\d{12}Z-step\d{12}/(state\.pt|manifest\.json)|checkpointed\.json)"
+    assert len(keys) == 5 and all(re.fullmatch(layout, k) for k in keys) and "jobs/run-1/checkpointed.json" in keys
     latest = CheckpointStore(f"s3://{bucket}/jobs/run-1").latest()  # a new reader, as after a restart
     assert (latest.info.step, latest.info.epoch, latest.info.world_size, latest.info.job_id) == (300, 3, 8, "j1")
     assert latest.info.url.startswith(f"s3://{bucket}/jobs/run-1/ckpt-")

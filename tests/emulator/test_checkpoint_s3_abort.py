@@ -42,5 +42,7 @@ def test_a_save_whose_upload_fails_in_its_last_part_or_completion_aborts_its_mul
         store.save(2, {"w": torch.zeros(BLOCK // 4 + 1000)})  # a little over one part
     monkeypatch.setattr(S3File, "_call_s3", call_s3)
     assert _s3(moto_url).list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []
-    assert _keys(moto_url, bucket) == [f"run/{kept.name}/manifest.json", f"run/{kept.name}/state.pt"]
+    # The kept checkpoint and its record (checkpointed.json names the newest written: the failed save wrote none).
+    assert _keys(moto_url, bucket) == ["run/checkpointed.json", f"run/{kept.name}/manifest.json",
+                                       f"run/{kept.name}/state.pt"]
     assert CheckpointStore(url).latest().info.step == 1
