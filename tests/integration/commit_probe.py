@@ -94,6 +94,8 @@ def main() -> None:
     p.add_argument("--kill", default="", help="host:point:step,... (see the module docstring)")
     p.add_argument("--log-every", type=int, default=4, help="a loss allreduce between step() and commit() every N steps")
     p.add_argument("--log-at", type=int, default=-1, help="... and at the step that starts at this state.step")
+    p.add_argument("--window-barrier", default=None,
+                   help="a directory: a worker dying at 'collective' waits there until every worker has updated")
     args = p.parse_args()
     faulthandler.register(signal.SIGUSR1)  # the harness dumps stacks of a hung job
     hvd.init()
@@ -102,6 +104,7 @@ def main() -> None:
         host, point, step = item.split(":")
         plan[host] = (point, int(step))
     point, kill_step = plan.get(os.environ.get("CLOUD_ELASTIC_HOSTNAME", ""), ("", -1))
+    collective_steps = {step for at, step in plan.values() if at == "collective"}
 
     torch.manual_seed(0)
     # Buckets in launch order (bucket_cap_mb=1): [last Linear, 600->300 Linear, the 600x600 bias] packed, the
@@ -139,7 +142,16 @@ def main() -> None:
             logging_now = (args.log_every and start % args.log_every == args.log_every - 1) or start == args.log_at
             if logging_now:  # logging: a collective between step() and commit()
                 event("window", step=state.step, checksum=checksum(model, optimizer, state.step - 1))
+                if args.window_barrier and start in collective_steps:
+                    open(os.path.join(args.window_barrier, f"{start}-{hvd.rank()}"), "w").close()
                 if point == "collective" and start == kill_step:
+                    # With --window-barrier: once every peer has updated in place (its window event), so that
+                    # none of them is still short of its update when the round fails (a slow one then still
+                    # held its commit exactly, and the job rightly trained on from it).
+                    deadline = time.monotonic() + 30
+                    while args.window_barrier and time.monotonic() < deadline and sum(
+                            name.startswith(f"{start}-") for name in os.listdir(args.window_barrier)) < hvd.size():
+                        time.sleep(0.01)
                     die()
                 with failing(start, "loss"):
                     hvd.allreduce(loss.detach(), name="loss")

@@ -175,15 +175,17 @@ def test_in_the_common_loop_commits_kept_in_place_restore_exactly(jobs, optimize
 
 
 @pytest.mark.timeout(150)
-def test_a_failure_in_the_first_collective_after_an_in_place_update_stops_the_job_saying_why(jobs):
+def test_a_failure_in_the_first_collective_after_an_in_place_update_stops_the_job_saying_why(jobs, tmp_path):
     # The loop committed right after every step (its commits kept nothing), then logs once, at step 5,
-    # between step() and commit(); 127.0.0.2 dies in that allreduce. No survivor can restore its
-    # commit exactly and there is no checkpoint: the job must stop, not train on from a wrong state.
+    # between step() and commit(); 127.0.0.2 dies in that allreduce once every worker has updated in place
+    # (--window-barrier: a survivor still short of its update holds its commit exactly, and the job rightly
+    # trains on from it; a loaded clean clone had one so). No survivor can restore its commit exactly and there
+    # is no checkpoint: the job must stop, not train on from a wrong state.
     hosts = HOSTS[:3]
     job = jobs(["run", "-np", "3", "--min-np", "1", "-H", ",".join(f"{h}:1" for h in hosts),
                 "--blacklist-cooldown-range", "600", "600", "--start-timeout", "120",
                 sys.executable, PROBE, "--optimizer", "adamw", "--steps", "8", "--log-every", "0", "--log-at", "5",
-                "--kill", "127.0.0.2:collective:5"])
+                "--kill", "127.0.0.2:collective:5", "--window-barrier", str(tmp_path)])
     assert job.finish(timeout=130) == 1, job.output()[-4000:]
     out = job.output()
     assert "training state lost: no survivor could restore the last commit exactly" in out, out[-4000:]
