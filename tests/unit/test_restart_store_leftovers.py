@@ -31,6 +31,14 @@ def _config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> JobConfig:
                      checkpoint_dir=str(tmp_path / "ckpt"), checkpoint_keep=3)
 
 
+def _refusal(config: JobConfig, job_id: str) -> str:
+    """The one-line ConfigError a start of ``config`` as ``job_id`` is refused with."""
+    with pytest.raises(ConfigError) as refused:
+        plan_start(config, open_store(config), job_id=job_id)
+    assert "\n" not in str(refused.value)
+    return str(refused.value)
+
+
 def _job_j1(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """(config, store) of job j1, started on a fresh ``--checkpoint-dir``."""
     config = _config(tmp_path, monkeypatch)
@@ -68,9 +76,7 @@ def test_a_succeeded_job_whose_checkpoints_and_job_record_are_gone_is_refused(
         shutil.rmtree(folder)
     (ckpt / "job.json").unlink()
     success = (ckpt / "succeeded.json").read_bytes()
-    with pytest.raises(ConfigError) as refused:
-        plan_start(config, open_store(config), job_id="j2")
-    message = str(refused.value)
+    message = _refusal(config, "j2")
     assert message.startswith("job j1 succeeded at step 30 on "), message
     assert "which holds neither its checkpoints nor its job record (job.json) now: not training it again from " \
            "initial weights; use a fresh --checkpoint-dir, or remove " in message and "\n" not in message
@@ -90,9 +96,7 @@ def test_a_job_the_drivers_claims_alone_name_is_refused_too(tmp_path: Path, monk
     plan_start(config, open_store(config), job_id="j1")
     assert plan_start(config, open_store(config), job_id="j2").generation == 1  # a restart: drivers/1.json
     (ckpt / "job.json").unlink()
-    with pytest.raises(ConfigError) as refused:
-        plan_start(config, open_store(config), job_id="j3")
-    message = str(refused.value)
+    message = _refusal(config, "j3")
     assert message.startswith("job j1 ran on ") and "(driver generation 1), which holds neither" in message, message
     assert message.endswith(f"or remove {ckpt / 'drivers'} to train a new job there"), message
     assert not (ckpt / "job.json").exists()
@@ -121,9 +125,7 @@ def test_a_job_whose_checkpoint_folders_are_all_gone_is_not_trained_again_from_i
     (ckpt / "succeeded.json").unlink()  # not a finished job: one that was stopped, its checkpoints then lost
     for folder in ckpt.glob("ckpt-*"):
         shutil.rmtree(folder)
-    with pytest.raises(ConfigError) as refused:
-        plan_start(config, open_store(config), job_id="j2")
-    message = str(refused.value)
+    message = _refusal(config, "j2")
     assert message.startswith("job j1 wrote a checkpoint of step 30 (ckpt-"), message
     assert "which holds no checkpoint now: not training it again from initial weights; put its checkpoint folders " \
            "back, use a fresh --checkpoint-dir, or remove " in message and "\n" not in message
