@@ -326,7 +326,7 @@ class KubernetesPods(CloudGroupProvider):
                 raise self._first_error(exc, "nodes") from exc
             self._nodes_refused = True
             _log.warning("%s: may not list nodes (403 %s); going on without node signals (taints, cordons): pod "
-                         "signals (DisruptionTarget, deletion) still drain. Grant get, list and watch on nodes "
+                         "signals (DisruptionTarget, deletion) still drain. Grant list and watch on nodes "
                          "(a ClusterRole) to see them", self.label, _message(exc))
         _log.log(logging.INFO if self._view.pods else logging.WARNING,
                  "%s: %d pod(s) match in namespace %s%s, %s", self.label, len(self._view.pods), self.namespace,

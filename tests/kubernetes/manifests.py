@@ -41,7 +41,7 @@ KUBERNETES_VERSIONS = ("1.30.0", "1.37.0")
 REQUIRE_ENV = "CLOUD_ELASTIC_REQUIRE_KUBECTL"
 
 NAMESPACE = "cloud-elastic"
-READ_VERBS = {"get", "list", "watch"}
+READ_VERBS = {"list", "watch"}
 
 #: Taints that announce a node's end or advise leaving it: the provider's own (hard and soft), the
 #: older Karpenter's, a cordon's and an unready node's. A worker pod must tolerate none of them: a
@@ -182,7 +182,7 @@ def check(fn: Check) -> Check:
 
 @check
 def rbac_least(objects, spec: Spec) -> list[str]:
-    """Pods get/list/watch in the namespace (Role), nodes get/list/watch (ClusterRole), bound to the
+    """Pods list/watch in the namespace (Role), nodes list/watch (ClusterRole), bound to the
     driver's ServiceAccount, and nothing else: no other role, no other verb, resource or group."""
     problems = []
     roles, cluster_roles = of_kind(objects, "Role"), of_kind(objects, "ClusterRole")

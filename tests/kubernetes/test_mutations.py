@@ -32,17 +32,19 @@ class Mutation:
 
 
 MUTATIONS = [
-    # RBAC: exactly get/list/watch on pods (Role) and nodes (ClusterRole)
-    Mutation("role-may-delete-pods", "eks-karpenter", BASE_RBAC, 'resources: ["pods"]\n    verbs: ["get", "list", "watch"]',
-             'resources: ["pods"]\n    verbs: ["get", "list", "watch", "delete"]', "rbac_least"),
-    Mutation("role-cannot-watch", "gke-spot", BASE_RBAC, 'resources: ["pods"]\n    verbs: ["get", "list", "watch"]',
-             'resources: ["pods"]\n    verbs: ["get", "list"]', "rbac_least"),
+    # RBAC: exactly list/watch on pods (Role) and nodes (ClusterRole); the driver never reads one object by name
+    Mutation("role-may-get-pods", "kind", BASE_RBAC, 'resources: ["pods"]\n    verbs: ["list", "watch"]',
+             'resources: ["pods"]\n    verbs: ["get", "list", "watch"]', "rbac_least"),
+    Mutation("role-may-delete-pods", "eks-karpenter", BASE_RBAC, 'resources: ["pods"]\n    verbs: ["list", "watch"]',
+             'resources: ["pods"]\n    verbs: ["list", "watch", "delete"]', "rbac_least"),
+    Mutation("role-cannot-watch", "gke-spot", BASE_RBAC, 'resources: ["pods"]\n    verbs: ["list", "watch"]',
+             'resources: ["pods"]\n    verbs: ["list"]', "rbac_least"),
     Mutation("role-reads-secrets", "aks-spot", BASE_RBAC, 'resources: ["pods"]', 'resources: ["pods", "secrets"]',
              "rbac_least"),
     Mutation("clusterrole-reads-pods-everywhere", "eks-karpenter", BASE_RBAC, 'resources: ["nodes"]',
              'resources: ["nodes", "pods"]', "rbac_least"),
-    Mutation("clusterrole-patches-nodes", "kind", BASE_RBAC, 'resources: ["nodes"]\n    verbs: ["get", "list", "watch"]',
-             'resources: ["nodes"]\n    verbs: ["get", "list", "watch", "patch"]', "rbac_least"),
+    Mutation("clusterrole-patches-nodes", "kind", BASE_RBAC, 'resources: ["nodes"]\n    verbs: ["list", "watch"]',
+             'resources: ["nodes"]\n    verbs: ["list", "watch", "patch"]', "rbac_least"),
     Mutation("clusterrole-wildcard-group", "gke-spot", BASE_RBAC, '  - apiGroups: [""]\n    resources: ["nodes"]',
              '  - apiGroups: ["*"]\n    resources: ["nodes"]', "rbac_least"),
     Mutation("binding-to-default-account", "eks-karpenter", BASE_RBAC,
