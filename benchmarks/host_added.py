@@ -36,6 +36,10 @@ and an *undisturbed control* measured in the same job: the survivors' longest ga
 the switch on looks at, right after it (the newcomer active, nothing of the
 admission left), so that the stall can be read against what three workers on
 these cores do over as many seconds anyway (none for torchrun: no survivor).
+And the CPU time the hypervisor *stole* from this VM (``/proc/stat``'s steal,
+both cores summed, sampled every 50 ms) over the stall's gap from the switch on
+and over the control's longest gap, each widened to the samples around it: a
+long gap with as long a steal in it was the host's, not the admission's.
 The systems take turns within each repeat, so a slow minute hits each of them.
 
 ``--state-mb 10,100,1000`` (the default; 10 with ``--quick``; ``none`` for
@@ -229,18 +233,43 @@ SYSTEMS: dict[str, Callable[[Path], Scenario]] = {
 
 
 # ------------------------------------------------------------------------------ one admission
+def stolen_s() -> float:
+    """The CPU seconds the hypervisor has stolen from this machine since it booted, every CPU summed
+    (``/proc/stat``'s steal); NaN where the kernel does not say."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+        return int(fields[8]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return float("nan")
+
+
+def steal_in(samples: list[tuple[float, float]], a: float, b: float) -> float:
+    """Seconds stolen between the last sample at or before ``a`` and the first at or after ``b`` (``(time,
+    stolen_s)`` samples in time order): the gap widened to the samples around it; NaN without both."""
+    before = [s for t, s in samples if t <= a]
+    after = [s for t, s in samples if t >= b]
+    return after[0] - before[-1] if before and after else float("nan")
+
+
 class PeakRSS:
     """The peak of the summed resident memory of a job's processes, sampled every 0.2 s until ``stop()``
-    (its processes listed once a second)."""
+    (its processes listed once a second), and the machine's stolen CPU time (:func:`stolen_s`) every 50 ms in
+    ``steal``, ``(time.time(), seconds)``."""
 
     def __init__(self, job: Procs) -> None:
         self.job, self.peak_bytes, self._done = job, 0, threading.Event()
+        self.steal: list[tuple[float, float]] = [(time.time(), stolen_s())]
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
-        page, pids, listed = os.sysconf("SC_PAGE_SIZE"), [], 0.0
-        while not self._done.wait(0.2):
+        page, pids, listed, sampled = os.sysconf("SC_PAGE_SIZE"), [], 0.0, 0.0
+        while not self._done.wait(0.05):
+            self.steal.append((time.time(), stolen_s()))
+            if time.monotonic() - sampled < 0.2:
+                continue
+            sampled = time.monotonic()
             if time.monotonic() - listed > 1.0:  # the walk of /proc once a second: the job's CPU is measured
                 pids, listed = descendants([p.pid for p in self.job.procs]), time.monotonic()
             total = 0
@@ -305,6 +334,7 @@ def one_admission(scenario: Scenario, bound_s: float) -> dict[str, Any]:
             survivors = {e["pid"] for e in logs if e["pid"] in before and e["size"] == 2}
         started = process_start(first["pid"])
         return {"t_add": t_add, "newcomer_pid": first["pid"], "newcomer_started": started, "peak_rss": rss.stop(),
+                "steal": [(t, s) for t, s in rss.steal if t >= t_add - 3],
                 "newcomer_first_step": first["t"], "survivors": sorted(survivors), "before_pids": sorted(before),
                 "steps": sorted((e["t"], e["pid"], e["size"]) for e in logs if e["t"] >= t_add - 3),
                 "first_active": min(e["t"] for e in logs if e["size"] == 3 and not e.get("following"))}
@@ -336,23 +366,28 @@ def analyse(raw: dict[str, Any], restarts_all: bool) -> dict[str, float]:
         last2 = max(t for t, _pid, size in steps if size == 2 and t < first3)
         gap = switch = from_switch = first3 - last2
     else:
-        gaps, switches, admits, later = [], [], [], []
+        gaps, switches, admits, later, spans = [], [], [], [], []
         for pid in raw["survivors"]:
             v = by_pid[pid]
             pairs = [(a, b) for a, b in zip(v, v[1:]) if b[0] >= t_add and a[0] <= active + STALL_AFTER_S]
             gaps.append(max((b[0] - a[0], b[0] - first3) for a, b in pairs))
-            later.append(max(b[0] - a[0] for a, b in pairs if b[0] >= first3))
+            a, b = max(((a, b) for a, b in pairs if b[0] >= first3), key=lambda ab: ab[1][0] - ab[0][0])
+            later.append(b[0] - a[0])
+            spans.append((a[0], b[0]))
             switches.append(next(b[0] - a[0] for a, b in pairs if b[1] == 3))
             # torchft's admitting step is reported at size 2 (the healing replica is not yet counted),
             # one step before the first at size 3: the longest gap ending near that first step.
             admits.append(max(b[0] - a[0] for a, b in pairs if abs(b[0] - first3) <= ADMISSION_WINDOW_S))
         (gap, where), switch, admit = max(gaps), max(switches), max(admits)
         from_switch = max(later)
+        stall_span = spans[later.index(from_switch)]
     # The control: the survivors' longest gap over as long a stretch at size 3 right after, with no admission in it
     # (the newcomer active, nothing in flight): what this machine's three workers do over that many steps anyway.
     stretch = active + STALL_AFTER_S - first3
-    quiet = [b[0] - a[0] for pid in raw["survivors"] for a, b in zip(by_pid[pid], by_pid[pid][1:])
+    quiet = [(b[0] - a[0], a[0], b[0]) for pid in raw["survivors"] for a, b in zip(by_pid[pid], by_pid[pid][1:])
              if a[1] == 3 and a[0] >= active + STALL_AFTER_S and b[0] <= active + STALL_AFTER_S + stretch]
+    steal, nan = raw.get("steal", []), float("nan")
+    quiet_gap = max(quiet) if quiet and not restarts_all else None
     return {"normal_step_s": normal, "normal_step_at_3_s": after, "longest_gap_s": gap, "switch_gap_s": switch,
             "follow_window_s": active - first3,
             "admission_gap_s": gap if restarts_all else admit,
@@ -362,7 +397,10 @@ def analyse(raw: dict[str, Any], restarts_all: bool) -> dict[str, float]:
             # The stall's gaps from the switch on (the admitting step's and the window's): those before it fall
             # while the newcomer starts, on this machine's cores, which a host of its own would not share.
             "stall_from_switch_s": from_switch - normal,
-            "undisturbed_stall_s": max(quiet) - normal if quiet and not restarts_all else float("nan"),
+            "undisturbed_stall_s": quiet_gap[0] - normal if quiet_gap else nan,
+            # The hypervisor's steal over the stall's gap from the switch on, and over the control's longest gap.
+            "steal_in_stall_s": nan if restarts_all else steal_in(steal, *stall_span),
+            "steal_in_control_s": steal_in(steal, *quiet_gap[1:]) if quiet_gap else nan,
             "start_to_first_step_s": raw["newcomer_first_step"] - raw["newcomer_started"],
             "added_to_first_step_s": raw["newcomer_first_step"] - t_add, "peak_rss_gib": raw["peak_rss"] / 2**30}
 
@@ -386,19 +424,26 @@ def pair(values: list[float]) -> str:
     return f"{duration(pct(known, .5))} / {duration(pct(known, .95))}" if known else "–"
 
 
+def most(values: list[float]) -> str:
+    """The largest of the values measured, ms; – where none was."""
+    known = [v for v in values if v == v]
+    return duration(max(known)) if known else "–"
+
+
 def table(rows: dict[str, dict], rss: bool = True) -> str:
     """The figures per system; ``rss``: with the job's peak resident memory."""
     ms = duration
     s = lambda x: f"{x:.2f} s"  # noqa: E731
     lines = ["| system (2 workers + 1 admitted) | normal step, size 2 / size 3 | longest gap, p50 / p95 | stall (gap − normal step), "
-             "p50 / p95 | stall from the switch on, p50 / p95 | undisturbed control: as long at size 3 after it, p50 / p95 | admitting step's gap, p50 / p95 | newcomer: process start → first step, p50 / p95 | "
+             "p50 / p95 | stall from the switch on, p50 / p95 | undisturbed control: as long at size 3 after it, p50 / p95 | "
+             "hypervisor steal in that gap / in the control's, max | admitting step's gap, p50 / p95 | newcomer: process start → first step, p50 / p95 | "
              "host added → first step, p50 | newcomer follows, p50 / p95 | " + ("peak RSS, whole job | " if rss else "")
              + "repeats |",
-             "|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if rss else "")]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if rss else "")]
     for name, r in rows.items():
         a = r["figures"]
         if not a:
-            lines.append(f"| {name} | – | miss | miss | – | – | – | miss | miss | – | " + ("– | " if rss else "")
+            lines.append(f"| {name} | – | miss | miss | – | – | – | – | miss | miss | – | " + ("– | " if rss else "")
                          + f"0 of {r['misses']} |")
             continue
         col = lambda k: [x[k] for x in a]  # noqa: E731
@@ -408,7 +453,7 @@ def table(rows: dict[str, dict], rss: bool = True) -> str:
             f"{ms(statistics.median(col('normal_step_at_3_s')))} | {ms(pct(col('longest_gap_s'), .5))} / "
             f"{ms(pct(col('longest_gap_s'), .95))} | {ms(pct(col('stall_s'), .5))} / {ms(pct(col('stall_s'), .95))} | "
             f"{ms(pct(col('stall_from_switch_s'), .5))} / {ms(pct(col('stall_from_switch_s'), .95))} | "
-            f"{pair(col('undisturbed_stall_s'))} | "
+            f"{pair(col('undisturbed_stall_s'))} | {most(col('steal_in_stall_s'))} / {most(col('steal_in_control_s'))} | "
             f"{ms(pct(col('admission_gap_s'), .5))} / {ms(pct(col('admission_gap_s'), .95))} | "
             f"{s(pct(col('start_to_first_step_s'), .5))} / "
             f"{s(pct(col('start_to_first_step_s'), .95))} | {s(pct(col('added_to_first_step_s'), .5))} | "

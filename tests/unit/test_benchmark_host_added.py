@@ -93,6 +93,51 @@ def test_the_undisturbed_control_is_the_longest_gap_over_as_long_a_stretch_after
     assert torchrun["undisturbed_stall_s"] != torchrun["undisturbed_stall_s"]  # nan: no survivor, no control
 
 
+def test_the_hypervisors_steal_is_read_over_the_stall_gap_and_over_the_controls():
+    """The machine's stolen CPU time (``/proc/stat``'s steal, sampled every 50 ms) is read over the stall's gap from
+    the switch on and over the control's longest gap, each widened to the samples around it: 120 ms stolen inside
+    the window's one 200 ms gap is reported for the stall, 10 ms around the control's gap for the control, and the
+    30 ms stolen elsewhere for neither."""
+    steps, samples = [], []
+    for pid in (1, 2):
+        t = 8.0
+        while t < 10.0:
+            t += 0.01
+            steps.append((t, pid, 2))
+        t += 0.02
+        switch = t
+        steps.append((t, pid, 3))
+        while t < switch + 1.0:  # the window, one 200 ms gap at +0.5 s
+            t += 0.2 if abs(t - (switch + 0.5)) < 0.005 else 0.01
+            steps.append((t, pid, 3))
+        active = t
+        while t < active + 5.0:  # the control's longest gap: 40 ms at active + 1.2
+            t += 0.04 if abs(t - (active + 1.2)) < 0.005 and pid == 2 else 0.01
+            steps.append((t, pid, 3))
+    steps.append((10.03, 3, 3))
+    stolen, t = 0.0, 7.0
+    while t < active + 6:
+        t += 0.05
+        if switch + 0.55 <= t < switch + 0.65:  # inside the stall's gap: 2 samples of 60 ms each
+            stolen += 0.06
+        elif active + 1.2 <= t < active + 1.25:  # around the control's gap
+            stolen += 0.01
+        elif 8.5 <= t < 8.55 or active + 3.0 <= t < active + 3.05:  # elsewhere
+            stolen += 0.015
+        samples.append((t, stolen))
+    raw = _raw(steps, first_active=active)
+    raw["steal"] = samples
+    fig = host_added.analyse(raw, restarts_all=False)
+    assert fig["stall_from_switch_s"] == pytest.approx(0.19, abs=2e-3)
+    assert fig["steal_in_stall_s"] == pytest.approx(0.12, abs=1e-6)
+    assert fig["steal_in_control_s"] == pytest.approx(0.01, abs=1e-6)
+    assert "| 120 ms / 10 ms |" in host_added.table({"x": {"figures": [fig], "misses": 0}})
+    del raw["steal"]  # an older raw record, or a kernel that does not say: not measured
+    fig = host_added.analyse(raw, restarts_all=False)
+    assert fig["steal_in_stall_s"] != fig["steal_in_stall_s"]
+    assert "| – / – |" in host_added.table({"x": {"figures": [fig], "misses": 0}})
+
+
 def test_an_emulated_gpu_host_sleeps_in_each_step_and_its_rows_are_named_so(monkeypatch, tmp_path):
     started = []
     monkeypatch.setattr(host_added, "Procs", lambda cmds, env, **kw: started.append(cmds[0]))
