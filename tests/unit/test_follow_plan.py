@@ -273,3 +273,30 @@ def test_adams_slices_start_and_end_on_8_byte_boundaries_so_the_digest_reads_the
             t = _tensor(state, ref)
             assert (s.start * t.element_size()) % 8 == 0
             assert ((s.stop - s.start) * t.element_size()) % 8 == 0 or s.stop == t.numel()
+
+
+def test_an_optimizer_that_stepped_with_a_closure_gets_the_whole_sync():
+    """Its gradients come from inside ``step()`` (``optim.closure``), where a follower's share is not the window's
+    to arrange: rank 0 refuses the window once it has seen a closure step, and the newcomer gets the whole sync."""
+    import cloud_elastic.torch as hvd
+
+    hvd.init()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Linear(5, 1))
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters())
+    state = hvd.elastic.TorchState(model, opt)
+    x = torch.randn(3, 6)
+    opt.zero_grad()
+    model(x).sum().backward()
+    opt.step()
+    assert _refusal(_rank0(3, 2), state, [2], 5, [2]) == ""
+
+    def closure():
+        opt.zero_grad()
+        loss = model(x).sum()
+        loss.backward()
+        return loss
+
+    before = float(model(x).sum().detach())
+    assert float(opt.step(closure)) == before  # the closure's loss, at the weights before the update (one worker)
+    assert _refusal(_rank0(3, 2), state, [2], 5, [2]) == "an optimizer stepped with a closure"

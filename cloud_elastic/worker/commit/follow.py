@@ -318,6 +318,8 @@ def _refusal(ctx: Any, state: Any, receivers: list[int], root_seq: int | None, f
         opt = h.value
         if not h.distributed or type(opt).__mro__[1] not in SUPPORTED:
             return f"optimizer {type(opt).__mro__[min(1, len(type(opt).__mro__) - 1)].__name__} not followed"
+        if getattr(opt, "_ce_closures", False):  # its step's gradients come from inside step() (``optim.closure``)
+            return "an optimizer stepped with a closure"
         if opt._ce_passes != 1 or opt._ce_compression not in (Compression.none, Compression.fp16, Compression.bf16):
             return "several backward passes a step, or a custom compression"
         if any(g.get("differentiable") or g.get("capturable") for g in opt.param_groups):

@@ -47,7 +47,7 @@ import torch
 
 from cloud_elastic.worker import sharded
 
-from cloud_elastic.worker.optim import zerocopy
+from cloud_elastic.worker.optim import closure as _closure, zerocopy
 from cloud_elastic.worker.comm import followers
 from cloud_elastic.worker.optim.buckets import BUCKET_BYTES, Bucket, check_groups, make_buckets
 from cloud_elastic.worker.comm.compression import Compression, check_compression
@@ -90,6 +90,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                  compression: Any, predivide: float | None) -> None:
         super(self.__class__, self).__init__(params)  # the wrapped class's __init__, as Horovod does
         self._ce_passes = backward_passes_per_step
+        self._ce_closures = False  # it stepped with a closure (``optim.closure``): no follow window
         self._ce_op = op
         self._ce_predivide = predivide
         #: How a bucket is scaled before and after its allreduce, by whether it is sent compressed (per round).
@@ -424,6 +425,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if getattr(base_step, "hooked", False):
             base_step = base_step.__wrapped__
         self._ce_reset_if_new_round()
+        # With a closure each of its calls is averaged (``optim.closure``); none launched before: nothing to wait for.
+        fresh = closure is not None and _closure.idle(self)
+        closure = _closure.averaged(self, closure) if closure is not None else None
         followers.land(get_context())  # a follow window's piece moved while this step computed; it lands first
         # The step is counted once it returns, by torch's step post-hook that hvd.init registers for every
         # optimizer (context.init): one whose allreduce fails was not trained (docs/events.md, steps_lost).
@@ -435,8 +439,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             window.collective("a gradient allreduce waited for after another optimizer's update")
         in_place = [s for s in self._ce_snapshots if s.in_place]
         if in_place or self._ce_sharded:  # over shards no copy is deferred to the step, in place or kept alike
-            return self._ce_step_in_place(base_step, in_place, closure)
-        self._ce_launch_ready(force=True)  # this step's own allreduces are not in the window the update opens
+            return self._ce_step_in_place(base_step, in_place, closure, fresh)
+        if not fresh:
+            self._ce_launch_ready(force=True)  # this step's own allreduces are not in the window the update opens
         window.update(kept=True)
         update = self._ce_zero_copy_step() if closure is None else None
         if update is not None and not self._ce_skip and not self._ce_synchronized and self._ce_trainable() is None:
@@ -444,7 +449,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._ce_step_overlapped(update)
             self._ce_clear()
             return None
-        if not self._ce_skip:
+        if fresh:
+            self._ce_check_outside()
+        elif not self._ce_skip:
             self.synchronize()
         taken: dict[int, Any] = {}
         if update is not None:
@@ -463,7 +470,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._ce_clear()
         return result
 
-    def _ce_step_in_place(self, base_step: Callable[..., Any], in_place: list[BoundCommit], closure: Any) -> Any:
+    def _ce_step_in_place(self, base_step: Callable[..., Any], in_place: list[BoundCommit], closure: Any,
+                          fresh: bool = False) -> Any:
         """The transactional step (the last commit kept nothing of what the update writes; see ``CommitWindow``).
 
         Every gradient is in before anything changes, so a failure in this
@@ -472,7 +480,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         Over shards (``hvd.shard``) every step runs here: a kept commit of shards
         was copied whole at the commit (``in_place`` is then empty).
         """
-        if not self._ce_skip:
+        if fresh and not self._ce_sharded:  # a closure's first backward is still to come (``optim.closure``)
+            self._ce_check_outside()
+        elif not self._ce_skip:
             self.synchronize()
         for snapshot in self._ce_snapshots:
             snapshot.flush()  # a commit of another TorchState kept as a snapshot
