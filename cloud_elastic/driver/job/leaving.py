@@ -244,8 +244,12 @@ class Leavers:
                 first = "" if job.state_committed else (
                     f" (no commit heard of yet: they train on to their first{bound}; past that, a waiting worker "
                     "starts over from the initial weights)")
-                log.warning("job %s: every member's host is draining: they train on, and leave once a new worker "
-                            "holds the state, or %gs before their host's deadline%s", job.job_id, hold, first)
+                hosts = sorted({w.slot.host for w in held})
+                until = ("their host's deadline" if len(hosts) == 1 else "their hosts' deadlines") if all(
+                    job.hosts.draining[w.slot.host].deadline is not None for w in held) else "a deadline, where one is set"
+                log.warning("job %s: every holder of the state is on a draining host (%s): they train on, and leave "
+                            "once a new worker holds the state, or %gs before %s%s", job.job_id, ", ".join(hosts),
+                            hold, until, first)
         return held
 
     def _may_hold(self, w: WorkerRecord, drain: Drain, now: float, leave_by: float) -> bool:
