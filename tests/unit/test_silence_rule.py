@@ -135,6 +135,34 @@ def test_waiting_ranks_one_collective_apart_are_both_waiting_and_the_stall_is_th
     assert (stalled["seq"], stalled["waiting"], [m["rank"] for m in stalled["missing"]]) == (100, [0, 2], [1])
 
 
+def test_two_members_frozen_together_are_both_given_up_fast_though_the_first_give_up_aborts_the_round() -> None:
+    """Ranks 0 and 2 stop at once; rank 1 waits for both in #5. Rank 2's heartbeats came at another pace, its last one
+    0.1 s after rank 0's: at the scan that gives rank 0 up it is not past its own limit yet. The give-up aborts the
+    round, rank 1 leaves the collective for rendezvous, and nobody waits in a collective any more; rank 2, whom the
+    same stall blamed, still holds the round's re-formation up. It is given up once past its own limit (a review saw
+    it wait the whole heartbeat timeout, 5 s, in 3 runs of 5)."""
+    sim = Sim(members())
+    beats = steady("w0", 0.0, 10.0, BEHIND) + steady("w2", 0.0, 10.0, BEHIND, every=0.6)
+    aborted = FlightEntry(1, 5, "gradient allreduce", "failed", 0.0)
+    t, i, beats = 0.0, 0, sorted(beats + steady("w1", 0.0, 10.2, BEHIND), key=lambda a: a[0])
+    w1_flight = waiting_since(10.1)
+    while t <= 20.0:
+        while i < len(beats) and beats[i][0] <= t:
+            at, wid, flight, pause = beats[i]
+            sim.beat(wid, at, flight, pause)
+            i += 1
+        if t >= 10.2 and round(t / 0.5, 6) == int(round(t / 0.5, 6)):  # w1 beats every 0.5 s from 10.5
+            sim.beat("w1", t, w1_flight(t) if "w0" not in sim.lost else aborted)
+        before = set(sim.lost)
+        sim.scan(t)
+        if "w0" in sim.lost and "w0" not in before:  # the job aborts the round: w1 goes to rendezvous
+            sim.workers["w1"].to(WorkerState.WAITING)
+        t = round(t + TICK, 6)
+    (t0, _), (t2, what) = sim.lost["w0"], sim.lost["w2"]
+    assert t0 < 12.0 and t0 < t2 < 12.5, (t0, t2)  # one after the other, both long before 10 + the 5 s timeout
+    assert "missing with the rank(s) given up from collective #5 (gradient allreduce) of round 1" in what, what
+
+
 def test_a_silent_member_nobody_waits_for_is_given_up_only_at_the_heartbeat_timeout() -> None:
     sim = Sim(members())
     beats = steady("w1", 0.0, 10.0, BEHIND)

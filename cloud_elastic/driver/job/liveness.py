@@ -185,6 +185,10 @@ class SilenceWatch:
         self._heard: dict[str, Heard] = {}
         self._reported: tuple[int, int] = (0, 0)  # (round, seq) of the last stall named while all heartbeat
         self._suspects: frozenset[str] = frozenset()  # members past their limit at the last scan, nobody waiting
+        #: The stall whose culprits the fast rule gave up, and every member it blamed: the give-up aborts the round,
+        #: its waiting ranks leave the collective for rendezvous, and there they wait for the others it blamed (two
+        #: hosts frozen at once: the second a hair under its own limit at that scan waited the whole timeout).
+        self._blamed: tuple[Stall | None, frozenset[str]] = (None, frozenset())
         self._given_up: dict[str, WorkerRecord] = {}  # found silent for the whole timeout: a heartbeat now thawed it
         #: ``host:port`` the workers were told to reach the driver at, once it listens (the driver sets it): named
         #: in the line of a worker that never registered, whose own line may come too late to be read.
@@ -298,6 +302,8 @@ class SilenceWatch:
             if stall is not None:
                 found += self._name(stall, [(w, limit) for w, limit in suspects if stall.blames(w.worker_id)],
                                     running_now)
+            elif self._blamed[0] is not None and self._blamed[0].round == round_:
+                found += self._blamed_before(suspects, running_now)
         self._silence_due, self._start_due, self._born = silence_due, start_due, born
         return found
 
@@ -322,6 +328,7 @@ class SilenceWatch:
         """Say who the stalled collective waits for, in the log and the events, before anyone is given up;
         return the silent culprits to give up now (the fast rule)."""
         if fast:
+            self._blamed = (stall, frozenset(m.worker for m in stall.missing))
             log.warning("job %s: %s", self._job_id_of(), describe(stall, running_now))
             self._event(stall, running_now, "silent rank(s) given up")
             waited = stall.waited_s(running_now)
@@ -336,6 +343,17 @@ class SilenceWatch:
                         describe(stall, running_now))
             self._event(stall, running_now, "still heartbeating")
         return []
+
+    def _blamed_before(self, suspects: list[tuple[WorkerRecord, float]], running_now: float
+                       ) -> list[tuple[WorkerRecord, str]]:
+        """The suspects (past their own limit) that the stall whose culprits were given up blamed too: their peers
+        left that collective for the aborted round's rendezvous, where its re-formation waits for them."""
+        stall, ids = self._blamed
+        assert stall is not None
+        return [(w, f"stopped answering heartbeats for {running_now - self._heard[w.worker_id].at:.1f}s (its limit "
+                    f"{limit:.1f}s), missing with the rank(s) given up from collective #{stall.seq} ({stall.op}) of "
+                    f"round {stall.round}, whose re-formation waits for it") for w, limit in suspects
+                if w.worker_id in ids]
 
     def _event(self, stall: Stall, running_now: float, verdict: str) -> None:
         if self._emit is not None:
