@@ -182,8 +182,13 @@ def test_a_silent_member_that_finished_the_stalled_collective_is_not_blamed_for_
     assert "w1" not in sim.lost
 
 
-def test_a_busy_member_that_heartbeats_while_its_peers_wait_20_s_is_named_once_and_never_given_up() -> None:
+@pytest.mark.parametrize("returned", [False, True])
+def test_a_busy_member_that_heartbeats_while_its_peers_wait_20_s_is_named_once_and_never_given_up(caplog,
+                                                                                               returned) -> None:
+    """Named once the stall lasts the heartbeat timeout, with why it is not in the collective: busy, or (a review
+    saw "busy" for one the driver knew had returned) returned from its training function."""
     sim = Sim(members())
+    sim.workers["w1"].returned = returned
     beats = steady("w1", 0.0, 40.0, FlightEntry(1, 6, "broadcast parameters", "completed", 0.0))  # compiling
     for wid in ("w0", "w2"):
         beats += steady(wid, 0.0, 3.0, None) + steady(wid, 3.0, 40.0, waiting_since(3.0, seq=7))
@@ -191,6 +196,9 @@ def test_a_busy_member_that_heartbeats_while_its_peers_wait_20_s_is_named_once_a
     assert not sim.lost
     assert [(k, f["verdict"], f["seq"]) for k, f in sim.events] == [("collective_stalled", "still heartbeating", 7)]
     assert sim.events[0][1]["waited_s"] >= TIMEOUT
+    named = [r.getMessage() for r in caplog.records if "still heartbeating" in r.getMessage()]
+    assert len(named) == 1 and named[0].endswith("(still heartbeating: returned from its training function)" if returned
+                                                 else "(still heartbeating: busy, or stuck outside the collective)")
 
 
 def test_a_worker_that_expects_a_long_collector_pause_gets_it_and_a_new_worker_only_the_timeout() -> None:

@@ -301,7 +301,7 @@ class SilenceWatch:
             stall = find_stall(members, heard, round_, running_now, WAIT_MIN_S)
             if stall is not None:
                 found += self._name(stall, [(w, limit) for w, limit in suspects if stall.blames(w.worker_id)],
-                                    running_now)
+                                    running_now, {w.worker_id for w in members if w.returned})
             elif self._blamed[0] is not None and self._blamed[0].round == round_:
                 found += self._blamed_before(suspects, running_now)
         self._silence_due, self._start_due, self._born = silence_due, start_due, born
@@ -323,10 +323,11 @@ class SilenceWatch:
                 f"try: its script's set-up before hvd.init(), or its launch, took that long (raise --start-timeout, "
                 f"or see what it waits on); else {reach}")
 
-    def _name(self, stall: Stall, fast: list[tuple[WorkerRecord, float]],
-              running_now: float) -> list[tuple[WorkerRecord, str]]:
+    def _name(self, stall: Stall, fast: list[tuple[WorkerRecord, float]], running_now: float,
+              returned: frozenset[str] | set[str] = frozenset()) -> list[tuple[WorkerRecord, str]]:
         """Say who the stalled collective waits for, in the log and the events, before anyone is given up;
-        return the silent culprits to give up now (the fast rule)."""
+        return the silent culprits to give up now (the fast rule). ``returned``: the members that returned from
+        their training function (then that, not "busy", is why they are not in it)."""
         if fast:
             self._blamed = (stall, frozenset(m.worker for m in stall.missing))
             log.warning("job %s: %s", self._job_id_of(), describe(stall, running_now))
@@ -339,8 +340,9 @@ class SilenceWatch:
                         f"collective #{stall.seq} ({stall.op}) of round {stall.round}") for w, limit in fast]
         if stall.waited_s(running_now) >= self.heartbeat_timeout_s and (stall.round, stall.seq) != self._reported:
             self._reported = (stall.round, stall.seq)
-            log.warning("job %s: %s (still heartbeating: busy, or stuck outside the collective)", self._job_id_of(),
-                        describe(stall, running_now))
+            why = ("returned from its training function" if all(m.worker in returned for m in stall.missing)
+                   else "busy, or stuck outside the collective")
+            log.warning("job %s: %s (still heartbeating: %s)", self._job_id_of(), describe(stall, running_now), why)
             self._event(stall, running_now, "still heartbeating")
         return []
 
