@@ -293,6 +293,13 @@ class Failures:
             return
         if text:
             frame = main_frame(text, on_signal=True)
+            if "cloud_elastic/worker/link/" in frame.replace("\\", "/"):
+                # Waiting on the driver, in cloud-elastic's own link (a call whose answer never came): its heartbeats
+                # were cut on the way, not held up by its script (a review cut the driver's port alone, by a proxy).
+                log.info("job %s: worker %s (%s), given up for silence, was waiting on the driver (its main thread at "
+                         "%s): its link to the driver was cut, not counted as a hang of its script", job.job_id,
+                         w.worker_id, w.label, frame)
+                return
             w.hung = f"{SILENT}, its main thread at {frame}" if frame else f"{SILENT}, its main thread's frame unknown"
         elif w.stacks_signal is False:
             w.hung = _UNARMED
