@@ -214,6 +214,10 @@ def test_a_noticed_member_that_never_commits_is_held_for_a_bounded_time_then_the
     held = FIRST_COMMIT_HOLD_S if deadline is None else deadline - HOLD_MARGINS * sim.job.policy.deadline_margin_s
     sim.advance(held - 1)
     assert state(sim, "a[0]") is WorkerState.RUNNING and sim.reply("b[0]") is None  # held for its first commit
+    said = [r.getMessage() for r in caplog.records if "every holder of the state is on a draining host (a)" in
+            r.getMessage()]
+    assert len(said) == 1 and said[0].count("before their host's deadline" if deadline else
+                                            "before a deadline, where one is set") == 1, said
     sim.advance(1.5)
     started_over_without(sim, "a[0]", caplog)  # at once, not once it is removed by force (or never)
     assert not sim.stops[0].immediate and sim.outcome is None
