@@ -29,7 +29,9 @@ Guarantees, beyond :class:`~.api.HostDiscovery`'s:
   divided by the slots it had when last ready (else those of its source's other hosts; else its price is unknown,
   never its whole instance price per slot). A price look-up that fails (AccessDenied, throttling) is tried again
   after ``PRICE_RETRY_S``, doubling up to ``price_refresh_s``, not at every ``find()``; one WARNING per kind of
-  failure, saying how to give the price by hand.
+  failure, saying how to give the price by hand. A price the provider gives that is no number of dollars from 0
+  to ``sources.MAX_PRICE`` an hour (NaN, negative, 1e300) leaves that host unpriced, as an unknown price, with
+  one WARNING per host: it must not fail the merged snapshot, and with it every source's hosts.
 * :meth:`set_capacity` (``--manage-capacity``) goes to the source's group as its :class:`~.group_capacity.GroupCapacity`
   decides (:meth:`capacity_of`, :meth:`can_give`). AccessDenied: one WARNING, the group is left unmanaged for the
   rest of the job; other errors are retried at each later ``find()`` until a call succeeds or a newer value replaces it.
@@ -57,7 +59,7 @@ from cloud_elastic.errors import (CapacityDeniedError, CapacityError, DiscoveryE
 from cloud_elastic.providers.api import DiscoveredHosts, HostDiscovery, cancel_find, lets_go
 from cloud_elastic.providers.group_capacity import REASK_UNKNOWN_S, REFUSALS_TO_SPILL, SHORT_FOR_S, GroupCapacity, Room
 from cloud_elastic.providers.sidecalls import Caller, SideCalls
-from cloud_elastic.providers.sources import SourceSpec
+from cloud_elastic.providers.sources import MAX_PRICE, SourceSpec
 
 __all__ = ["MultiSourceDiscovery", "SourceState", "Caller", "call_limit_s", "check_job_flags", "PRICE_RETRY_S",
            "MERGE_MARGIN_S", "UNHEARD_HOLD_S", "REASK_UNKNOWN_S", "REFUSALS_TO_SPILL", "SHORT_FOR_S"]
@@ -114,6 +116,8 @@ class SourceState:
     price_retry_at: float | None = None
     price_backoff_s: float = 0.0
     price_warned: set[str] = field(default_factory=set)
+    #: Hosts the provider gave a price that is no price (:func:`_a_price`), already warned of.
+    unpriced: set[str] = field(default_factory=set)
     #: Host -> its slots when last reported ready (a draining host's price per slot divides by them).
     slots: dict[str, int] = field(default_factory=dict)
     #: Whether any call of it has ended (only an error at its first call can be fatal to the job).
@@ -297,9 +301,9 @@ class MultiSourceDiscovery(HostDiscovery):
         if source.spec.price is not None:
             return source.spec.price
         if host in snap.prices:
-            return snap.prices[host]
+            return snap.prices[host] if _a_price(snap.prices[host]) else None
         hourly = source.hourly.get(host)
-        if hourly is None:
+        if hourly is None or not _a_price(hourly):
             return None
         # A draining host's slots are no longer reported: those it had, else its group's (its hosts are alike).
         slots = snap.ready.get(host) or source.slots.get(host) or max(source.slots.values(), default=0)
@@ -331,6 +335,14 @@ class MultiSourceDiscovery(HostDiscovery):
         if hourly is None:
             return  # another thread's call to it runs (one at a time): read at the next find()
         source.priced_at, source.hourly = now, dict(hourly)
+        wrong = {host: price for host, price in source.hourly.items() if not _a_price(price)}
+        fresh = sorted(set(wrong) - source.unpriced)
+        if fresh:  # kept in ``hourly`` (as known, so not looked up again at every find), read as no price
+            log.warning("host source %r: its provider gave %d host(s) a price that is no price (%s): their cost is "
+                        "left out, as an unknown price; to give the price by hand: --source %s:price=D (dollars per "
+                        "slot-hour)", source.spec.name, len(fresh), ", ".join(f"{h} {wrong[h]!r}" for h in fresh[:3])
+                        + (", ..." if len(fresh) > 3 else ""), source.spec.name)
+        source.unpriced = set(wrong)
         if source.price_retry_at is not None:
             log.info("host source %r: prices read again", source.spec.name)
         source.price_retry_at, source.price_backoff_s = None, 0.0
@@ -542,3 +554,8 @@ def check_job_flags(discovery: HostDiscovery, *, manage_capacity: bool, fallback
             if source.spec.fallback and not source.discovery.can_set_capacity:
                 raise ConfigError(f"--manage-capacity: host source {source.spec.name!r} ({source.spec.provider}) "
                                   "cannot set a group's desired capacity (AWS, GCP and Azure groups can)")
+
+
+def _a_price(value: object) -> bool:
+    """Whether a provider's price is a number of dollars an hour the cost can count: 0 to ``MAX_PRICE``."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= MAX_PRICE

@@ -116,6 +116,18 @@ def test_a_job_with_enough_spot_slots_never_touches_the_fallback():
     assert sim.slots_launched() == ["a0[0]", "b0[0]"] and sim.capacity == []
 
 
+@pytest.mark.parametrize("key", ["price", "on_demand_price"])
+def test_of_two_fallback_groups_the_cheaper_is_raised_first_whichever_way_it_is_priced(key):
+    """A review listed a $10/h fallback before a $1/h one, both priced by ``on_demand_price`` (AWS's per-instance
+    way, in the docs' example): the $10 one was raised, as the groups were ordered by ``price`` alone."""
+    dear = SourceSpec("od-x", "aws", fallback=True, **{key: 10.0})
+    cheap = SourceSpec("od-y", "aws", fallback=True, **{key: 1.0})
+    sim = Sourced(2, manage_capacity=True, sources=(SPOT_A, dear, cheap))
+    sim.job.discovered(DiscoveredHosts(ready={"a0": 1}, sources={"a0": "spot-a"}, prices={"a0": 1.0}), sim.now)
+    sim.advance(1)
+    assert sim.capacity == [SetCapacity("od-y", 1)]
+
+
 def test_more_slots_than_max_np_fill_the_cheapest_source_first():
     sim = Sourced(2, max_np=3)
     sim.groups(a=2, b=2)

@@ -151,6 +151,28 @@ def test_discovery_merges_the_sources_and_tags_each_host_with_its_source_and_pri
     assert dict(merged.instances) == {"10.0.0.1": "i-1"}
 
 
+@pytest.mark.parametrize("wrong", [float("nan"), -1.0, 1e300])
+def test_a_price_from_the_cloud_that_is_no_price_leaves_its_host_unpriced_and_every_source_discovered(caplog, wrong):
+    """A review rewrote DescribeSpotPriceHistory's answer: one NaN (or negative) spot price failed every merged
+    discovery call (121 tracebacks in 40 s, no host of any source seen), and 1e300 was taken, costing 2e297 dollars.
+    That host is now unpriced (an unknown price: its cost counted apart), with one warning, and not looked up again
+    at every call; the other hosts keep their prices."""
+    clock = Clock()
+    a = Scripted(DiscoveredHosts(ready={"h1": 2, "h2": 2}), hourly={"h1": wrong, "h2": 8.0})
+    b = Scripted(DiscoveredHosts(ready={"h3": 1}))
+    multi = MultiSourceDiscovery([(spec("a"), a), (spec("b", price=0.5), b)], clock=clock)
+    with caplog.at_level(logging.WARNING):
+        for _ in range(3):
+            merged = multi.find()
+            clock.now += 10
+    assert dict(merged.ready) == {"h1": 2, "h2": 2, "h3": 1}
+    assert dict(merged.prices) == {"h2": 4.0, "h3": 0.5}
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "host source 'a': its provider gave 1 host(s) a price that is no price (h1 " \
+        in warnings[0], warnings
+    assert a.price_calls == 1, a.price_calls  # h1 is known (as no price): not asked again at every find()
+
+
 def test_a_failing_source_keeps_its_last_hosts_and_the_others_go_on(caplog):
     clock = Clock()
     a = Scripted(DiscoveredHosts(ready={"h1": 1}), RetryableDiscoveryError("throttled"))

@@ -111,6 +111,14 @@ def choose(free: list[Slot], hosts: HostManager, specs: Mapping[str, SourceSpec]
     return sorted(free, key=key)
 
 
+def _cheapest_first(spec: SourceSpec) -> tuple[int, bool, float]:
+    """The order fallbacks are raised in: priority, then price, unpriced last. ``price`` is per slot-hour; a group
+    priced by ``on_demand_price`` alone (AWS, per instance-hour: its slots per instance are unknown before one is
+    up) is ranked by that, as if of one slot an instance: give ``price=`` to rank groups of other sizes exactly."""
+    price = spec.price if spec.price is not None else spec.on_demand_price
+    return -spec.priority, price is None, price or 0.0
+
+
 class FallbackRule:
     """When the fallback is wanted, and how many slots it should give (see the module docstring)."""
 
@@ -179,9 +187,7 @@ class Sourcing:
         #: rule, never taken for a value this job asked (it may be stale); told to the provider (``raised.share``).
         self.inherited: dict[str, int] = {}
         self._known: dict[str, tuple[str, float | None]] = {}  # host -> (source, price), kept past its departure
-        self._fallbacks = [s.name for s in sorted(policy.sources, key=lambda s: (-s.priority, s.price is None,
-                                                                                 s.price or 0.0))
-                           if s.fallback]
+        self._fallbacks = [s.name for s in sorted(policy.sources, key=_cheapest_first) if s.fallback]
         self._held_key: tuple = ()
         self._held: Mapping[str, tuple[int, float, int]] = {}
         self._idle_slots = 0  # of the slots held, those of raised fallback hosts that no worker uses (.paid)
