@@ -60,6 +60,18 @@ def test_extra_options_override_defaults_but_not_batch_mode_nor_a_connection_per
     assert [o for o in options if o.lower().startswith("userknownhostsfile")] == ["UserKnownHostsFile /dev/null"]
 
 
+@pytest.mark.parametrize("config, named", [
+    (SSHConfig(port=2222, user="ubuntu"), "ubuntu@10.0.0.7:2222"),
+    (SSHConfig(user="root", extra_options=("ConnectTimeout=3", "port=22622")), "root@10.0.0.7:22622"),
+    (SSHConfig(), "10.0.0.7"),  # ssh's own configuration (~/.ssh/config) picks the port: none is guessed
+])
+def test_a_failure_line_names_the_port_only_where_the_job_knows_it(config, named):
+    """A review gave the port by ``--ssh-option Port=22622`` and an authentication failure's line said
+    ``root@127.0.0.4:22``, pointing the operator at the wrong port."""
+    with SSHLauncher(config) as launcher:
+        assert launcher._destination("10.0.0.7") == named
+
+
 def test_host_keys_go_to_a_job_private_file_by_default():
     with SSHLauncher(SSHConfig()) as launcher:
         options = _options(launcher.ssh_argv("10.0.1.4"))

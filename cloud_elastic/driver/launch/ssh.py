@@ -266,8 +266,12 @@ class SSHLauncher:
                 proc.send_keepalive()
 
     def _destination(self, host: str) -> str:
+        """``user@host:port`` as the lines name it: the port only where the job knows it (``--ssh-port`` or an
+        ``--ssh-option Port=``); else ssh's own configuration picks it, which a guessed 22 would misname."""
         user = f"{self._config.user}@" if self._config.user else ""
-        return f"{user}{host}:{self._config.port or 22}"
+        port = self._config.port or next((o.split("=", 1)[1].strip() for o in self._config.extra_options
+                                          if o.split("=", 1)[0].strip().lower() == "port"), None)
+        return f"{user}{host}" + (f":{port}" if port else "")
 
     def _log_options_once(self, argv: list[str]) -> None:
         if not self._logged_options:
