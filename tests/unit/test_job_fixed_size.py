@@ -364,6 +364,31 @@ def test_a_command_that_never_connects_succeeds_when_every_worker_exits_0() -> N
     assert "worker_failed" not in kinds(sim) and not sim.blocked("a[0]") and not sim.blocked("a[1]")
 
 
+@pytest.mark.parametrize("order", ["unreached first", "plain exit first"])
+def test_a_plain_command_waits_for_a_booting_host_and_runs_once_a_slot(order) -> None:
+    """A review's plain command on two hosts, one whose sshd came up 6 s late: the SSH failure made the job "mixed",
+    the command ran again on the first host and its exit 0 counted as a failure ("all workers failed; last: ...
+    exited with code 0"). A host not reached before its worker connected is a booting one: its slot alone is tried
+    again, the other's command is not run again, and the job succeeds once both ran it."""
+    from tests.unit.test_job import PAST_FIRST_COOLDOWN_S, UNREACHABLE
+
+    sim = Sim(2, start_timeout_s=120)
+    sim.discover({"a": 1, "b": 1})
+    steps = [("b[0]", UNREACHABLE), ("a[0]", CLEAN)]
+    for slot, status in steps if order == "unreached first" else steps[::-1]:
+        sim.exit(slot, status)
+    assert sim.outcome is None and sim.blocked("b[0]") and not sim.blocked("a[0]")
+    sim.advance(PAST_FIRST_COOLDOWN_S)
+    assert sim.slots_launched() == ["a[0]", "b[0]", "b[0]"]  # the booting host again, not the command on a
+    sim.exit("b[0]", UNREACHABLE)  # still booting
+    sim.advance(PAST_FIRST_COOLDOWN_S)
+    assert sim.slots_launched() == ["a[0]", "b[0]", "b[0]", "b[0]"] and sim.outcome is None
+    sim.exit("b[0]", CLEAN)  # up: it ran the command
+    assert sim.outcome == Finish(True, "every worker (2) exited with code 0 without ever connecting to the driver "
+                                       "(its command never called hvd.init()): the job ran it as a plain command "
+                                       "(nothing elastic happened)", 0)
+
+
 def test_with_checkpoint_dir_a_command_that_never_connects_is_no_success() -> None:
     """Progress is sacred: the command neither loaded the job's checkpoints nor saved any."""
     sim = launched(2, checkpointing=True)

@@ -109,6 +109,9 @@ class Capacity:
         # A worker given up (LOST) may still be running on its GPU until its process is gone.
         occupied = {(w.slot.host, w.slot.index) for w in job.workers.values() if w.state is not S.EXITED}
         free = [s for s in job.hosts.available_slots(now) if (s.host, s.index) not in occupied]
+        only = self._fixed.plain_retries() if self._fixed is not None else None
+        if only is not None:  # a plain command's run: its booting hosts' slots alone, tried again (.fixed_size)
+            free = [s for s in free if (s.host, s.index) in only]
         if self.sourcing is not None:
             free = self.sourcing.order(free)
         if job.policy.whole_host_slots:

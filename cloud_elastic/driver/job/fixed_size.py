@@ -63,7 +63,11 @@ says which) when the job has state a command that never connects cannot have
 kept: ``--checkpoint-dir`` (it neither loaded nor saved a checkpoint), a commit,
 a restarted driver's job; or when another worker of the job connected or failed
 (a mix: the elastic rules judge the job, and earlier plain exits' slots are
-launched again).
+launched again). A worker whose host could not be reached before it connected
+(an SSH failure: a host still booting, see ``Failures.fail``) is no such mix:
+its slot is tried again as any booting host's, and only such slots are launched
+on while the plain exits stand (:meth:`FixedSize.plain_retries`), so the command
+runs once a slot, and the job ends once nothing is left to run it.
 
 Pure logic: no clock, thread or socket; ``now`` is passed in.
 """
@@ -115,6 +119,7 @@ class FixedSize:
         self._succeeded = 0  # members of the current attempt that exited 0
         self._ended = False  # a member's script ended in the current attempt (its report or its exit 0)
         self._plain: set[str] = set()  # workers that exited 0 unregistered while no other worker did otherwise
+        self._unreached: set[str] = set()  # workers whose host could not be reached before they connected (booting)
 
     # ---------------------------------------------------------------- reports
     def entered(self, worker_id: str) -> None:
@@ -170,6 +175,8 @@ class FixedSize:
         an exit 0 of it may be a plain command's (see module docstring).
         """
         if not self.known:
+            if not connected and status.transport_error is not None:
+                self._unreached.add(w.worker_id)  # its host not up yet: not a mix (see the module docstring)
             return not connected and _clean(status) and self._plain_exit(w)
         if _clean(status):
             job = self._job
@@ -243,8 +250,19 @@ class FixedSize:
 
     def _mixed(self) -> bool:
         """Some worker did other than exit 0 unregistered (it connected, failed, is being stopped)."""
-        plain = self._plain
-        return any(w.state is not S.STARTING and w.worker_id not in plain for w in self._job.workers.values())
+        plain, unreached = self._plain, self._unreached
+        return any(w.state is not S.STARTING and w.worker_id not in plain and w.worker_id not in unreached
+                   for w in self._job.workers.values())
+
+    def plain_retries(self) -> set[tuple[str, int]] | None:
+        """While the plain-command rules hold (a worker exited 0 unregistered, none did otherwise): the slots the job
+        may launch on, those whose worker could not be reached (its host booting) and that no worker runs on or ran
+        the command on; None when the rules do not hold (every free slot may be launched on)."""
+        if not self._plain or self.known:
+            return None
+        workers = self._job.workers.values()
+        taken = {(w.slot.host, w.slot.index) for w in workers if w.state is not S.EXITED or w.worker_id in self._plain}
+        return {(w.slot.host, w.slot.index) for w in workers if w.worker_id in self._unreached} - taken
 
     def _plain_step(self) -> bool:
         """The plain-command rules at each step while workers exited 0 unregistered (see :meth:`step`)."""
@@ -255,6 +273,8 @@ class FixedSize:
                         len(self._plain), NEVER_CONNECTED)
             self._plain = set()
             return False
+        if self.plain_retries():
+            return False  # a booting host's slot waits for its retry: launched on alone (Capacity.plan_launches)
         if job.alive():
             return True  # the others are still starting: no launch in the meantime
         job.end(True, f"every worker ({len(self._plain)}) {NEVER_CONNECTED}: the job ran it as a plain command "
