@@ -247,6 +247,26 @@ def test_connection_dropped_by_server_leaves_no_process(launcher, marker):
     assert f"{REMOTE}:" in status.transport_error and "not a worker failure" in status.transport_error
 
 
+@pytest.mark.parametrize("closing", [False, True], ids=["driver-lives", "driver-closes"])
+def test_a_connection_dropped_by_the_server_under_a_driver_grace_is_stopped_through_a_new_one(sshd, marker, closing):
+    """Under ``--driver-grace`` the wrapper reads end of file as its driver gone and keeps the worker for the grace;
+    a review killed the session's sshd process with the driver alive: a plain command ran 75 s past its job's end,
+    an old worker beside its replacement. The launcher reaches the wrapper again and orders KILL, within its
+    keepalive interval, or at once when it closes (the job ended on that failure)."""
+    launcher = SSHLauncher(sshd.config, keepalive_interval_s=0.5, disconnect_grace_s=1.0)
+    try:
+        proc, out = start(launcher, REMOTE, marker, "sleep", env={"CLOUD_ELASTIC_DRIVER_GRACE_S": "60"})
+        worker, _ = _ready(out)
+        os.kill(_parent(_parent(worker)), signal.SIGKILL)  # the per-connection "sshd: user@notty" process
+        status = wait_exit(proc, 10)
+        assert status.transport_error and "connection lost" in status.transport_error
+        if closing:
+            launcher.close()
+        wait_gone(marker, 15)  # not the grace's 60 s
+    finally:
+        launcher.close()
+
+
 def test_a_server_that_stops_responding_is_named(sshd, marker):
     options = (*sshd.config.extra_options, "ServerAliveInterval=1", "ServerAliveCountMax=2")
     launcher = SSHLauncher(dataclasses.replace(sshd.config, extra_options=options), disconnect_grace_s=1.0)

@@ -13,7 +13,7 @@ from cloud_elastic.config import SSHConfig
 from cloud_elastic.driver.launch.api import WorkerSpec
 from cloud_elastic.driver.launch.ssh_remote import MODULE, parse_env
 from cloud_elastic.driver.launch.ssh import SECRET_ENV, SSHLauncher
-from cloud_elastic.driver.launch.ssh_setup import classify, env_line, ssh_environ, wrapper_failure
+from cloud_elastic.driver.launch.ssh_setup import classify, destination, env_line, ssh_environ, wrapper_failure
 from cloud_elastic.errors import ConfigError, LaunchError
 
 pytestmark = pytest.mark.timeout(10)
@@ -68,8 +68,7 @@ def test_extra_options_override_defaults_but_not_batch_mode_nor_a_connection_per
 def test_a_failure_line_names_the_port_only_where_the_job_knows_it(config, named):
     """A review gave the port by ``--ssh-option Port=22622`` and an authentication failure's line said
     ``root@127.0.0.4:22``, pointing the operator at the wrong port."""
-    with SSHLauncher(config) as launcher:
-        assert launcher._destination("10.0.0.7") == named
+    assert destination(config, "10.0.0.7") == named
 
 
 def test_host_keys_go_to_a_job_private_file_by_default():

@@ -57,11 +57,13 @@ from cloud_elastic.config import ENV_NAME, SSH_OPTION, SSHConfig
 from cloud_elastic.driver.launch.known_hosts import JobKnownHosts
 from cloud_elastic.driver.launch.api import ExitStatus, OutputSink, WorkerSpec
 from cloud_elastic.driver.launch.local import forward_lines
+from cloud_elastic.driver.launch.ssh_orphans import Orphans
 from cloud_elastic.driver.launch.ssh_remote import SECRET_ENV, WrapperArgs, parse_marker, wrapper_argv
 from cloud_elastic.driver.launch.ssh_setup import (MAX_SETUPS_PER_HOST, SETUP_HOLD_S, SETUP_RETRIES, ConnectionLines,
-                                                   HostGate, Stdout, env_line, exit_status, is_noise, is_started,
-                                                   refusal, refused_before_key_exchange, remote_prefix, retry_delay,
-                                                   ssh_argv, ssh_environ, transport_error, wants_job_known_hosts)
+                                                   HostGate, Stdout, destination, env_line, exit_status, is_noise,
+                                                   is_started, refusal, refused_before_key_exchange, remote_prefix,
+                                                   retry_delay, ssh_argv, ssh_environ, transport_error,
+                                                   wants_job_known_hosts)
 from cloud_elastic.errors import ConfigError, LaunchError, SSHError
 
 __all__ = ["SSHLauncher", "SSHWorkerProcess", "SECRET_ENV"]
@@ -128,6 +130,7 @@ class SSHLauncher:
         if keepalive_timeout_s and keepalive_timeout_s <= 2 * keepalive_interval_s:
             raise ConfigError("keepalive_timeout_s must exceed twice keepalive_interval_s (or be 0 to disable)")
         self._config = config
+        self._orphans = Orphans(self.attach)  # workers whose connection dropped while they ran: stopped anew
         self._keepalive_interval_s = keepalive_interval_s
         self._keepalive_timeout_s = keepalive_timeout_s
         self._disconnect_grace_s = disconnect_grace_s
@@ -180,7 +183,7 @@ class SSHLauncher:
             self._known_hosts.admit(spec.host, spec.instance, self._config.port)
         self._log_options_once(argv)
         logger.debug("launching worker %s (slot %s) on %s over ssh", spec.worker_id, spec.slot, spec.host)
-        return self._track(SSHWorkerProcess(spec, argv, nonce, on_output, self._destination(spec.host),
+        return self._track(SSHWorkerProcess(spec, argv, nonce, on_output, destination(self._config, spec.host),
                                             self._keepalive_timeout_s, env_line=env_line(spec),
                                             **self._process_options()))
 
@@ -203,7 +206,7 @@ class SSHLauncher:
         logger.debug("attaching to worker %s on %s over ssh", spec.worker_id, spec.host)
         # The wrapper already has the secret: the first line is only a keepalive.
         return self._track(SSHWorkerProcess(dataclasses.replace(spec, secret=""), argv, nonce, on_output,
-                                            self._destination(spec.host), self._keepalive_timeout_s,
+                                            destination(self._config, spec.host), self._keepalive_timeout_s,
                                             **self._process_options()))
 
     def remote_argv(self, spec: WorkerSpec, *args: str) -> list[str]:
@@ -220,10 +223,12 @@ class SSHLauncher:
         """Start ``proc`` and keep it among the live workers (the keepalive thread starts with the first)."""
         proc.start()
         with self._lock:
-            self._live = [p for p in self._live if p.connected()] + [proc]
+            ended = [p for p in self._live if not p.connected()]
+            self._live = [p for p in self._live if p not in ended] + [proc]
             if self._keepalive is None and self._keepalive_timeout_s:
                 self._keepalive = threading.Thread(target=self._keepalive_loop, name="ssh-keepalive", daemon=True)
                 self._keepalive.start()
+        self._orphans.stop(ended)
         return proc
 
     def __enter__(self) -> SSHLauncher:
@@ -244,6 +249,11 @@ class SSHLauncher:
         stdin closed here, so their remote watchdog stops them (TERM, then KILL
         after ``disconnect_grace_s``) instead of leaving them unattended.
         """
+        with self._lock:
+            ended = [p for p in self._live if not p.connected()]
+            self._live = [p for p in self._live if p not in ended]
+        self._orphans.stop(ended)  # before the close: they are reached through this launcher
+        self._orphans.wait()
         self._closed.set()
         with self._lock:
             live, self._live = [p for p in self._live if p.poll() is None], []
@@ -260,18 +270,11 @@ class SSHLauncher:
     def _keepalive_loop(self) -> None:
         while not self._closed.wait(self._keepalive_interval_s):
             with self._lock:
-                self._live = [p for p in self._live if p.connected()]
-                live = list(self._live)
+                ended = [p for p in self._live if not p.connected()]
+                live = self._live = [p for p in self._live if p not in ended]
+            self._orphans.stop(ended)
             for proc in live:
                 proc.send_keepalive()
-
-    def _destination(self, host: str) -> str:
-        """``user@host:port`` as the lines name it: the port only where the job knows it (``--ssh-port`` or an
-        ``--ssh-option Port=``); else ssh's own configuration picks it, which a guessed 22 would misname."""
-        user = f"{self._config.user}@" if self._config.user else ""
-        port = self._config.port or next((o.split("=", 1)[1].strip() for o in self._config.extra_options
-                                          if o.split("=", 1)[0].strip().lower() == "port"), None)
-        return f"{user}{host}" + (f":{port}" if port else "")
 
     def _log_options_once(self, argv: list[str]) -> None:
         if not self._logged_options:

@@ -425,3 +425,12 @@ def env_line(spec: WorkerSpec) -> str:
     """What follows the secret's line on ssh's stdin for a wrapper started with ``--env``: the variables of ``spec``
     that :func:`remote_prefix` leaves off the command line, as one line of ASCII JSON (``ssh_remote.parse_env``)."""
     return json.dumps({k: v for k, v in spec.env.items() if not _on_command_line(k)}) + "\n"
+
+
+def destination(config: SSHConfig, host: str) -> str:
+    """``user@host:port`` as the lines name it: the port only where the job knows it (``--ssh-port`` or an
+    ``--ssh-option Port=``); else ssh's own configuration picks it, which a guessed 22 would misname."""
+    user = f"{config.user}@" if config.user else ""
+    port = config.port or next((o.split("=", 1)[1].strip() for o in config.extra_options
+                                if o.split("=", 1)[0].strip().lower() == "port"), None)
+    return f"{user}{host}" + (f":{port}" if port else "")

@@ -1,0 +1,80 @@
+"""Workers whose SSH connection dropped while they ran, with their driver alive: stopped through a fresh one.
+
+The remote wrapper reads end of file on its stdin as its driver gone (``ssh_remote``'s watchdog): the worker trains
+on for ``--driver-grace``, so that a restarted driver can adopt it. A connection killed on the host's side (its
+sshd restarted, the session's process killed, a NAT entry expired) reads the same, though this driver lives and has
+given the worker up (an SSH failure, "connection lost"): a review saw such a plain command run 75 s past its job's
+end, and an old worker run beside its replacement on the same slot (on a GPU host, it holds the slot's memory).
+So the launcher reaches the wrapper again (``SSHLauncher.attach``, as a restarted driver does) and orders ``KILL``:
+once the new connection runs, within :data:`CONNECT_WAIT_S`; ``close()`` waits for those under way, up to
+:data:`CLOSE_WAIT_S`. A wrapper already gone answers so, and nothing more happens. Best effort: a host that cannot
+be reached again keeps the wrapper's own bound (the grace).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, Callable, Iterable
+
+from cloud_elastic.errors import LaunchError
+
+__all__ = ["Orphans", "left_running", "CONNECT_WAIT_S", "CLOSE_WAIT_S"]
+
+logger = logging.getLogger(__name__)
+
+#: How long a fresh connection gets to start before its KILL order is given up.
+CONNECT_WAIT_S = 30.0
+#: How long the launcher's close waits for the KILL orders under way.
+CLOSE_WAIT_S = 10.0
+
+
+def left_running(proc: Any) -> bool:
+    """``proc`` (an ``SSHWorkerProcess``) ended on a lost connection, after its wrapper said the worker ran, and not
+    on an order of this driver's: its wrapper keeps the worker for the driver's grace."""
+    status = proc.poll()
+    return bool(status is not None and status.transport_error and "connection lost" in status.transport_error
+                and proc._started and not proc._stopping)
+
+
+class Orphans:
+    """The KILL orders sent through fresh connections (see the module docstring); ``attach`` is the launcher's."""
+
+    def __init__(self, attach: Callable[..., Any]) -> None:
+        self._attach = attach
+        self._threads: list[threading.Thread] = []
+
+    def stop(self, ended: Iterable[Any]) -> None:
+        """Of the workers whose ssh ended, reach those :func:`left_running` again and KILL them; never blocks."""
+        for proc in ended:
+            if not left_running(proc):
+                continue
+            try:
+                again = self._attach(proc.spec, str(proc.handle()["nonce"]), lambda line: None)
+            except LaunchError as exc:
+                logger.warning("worker %s on %s: its connection dropped and it cannot be reached again to stop it "
+                               "(%s): its host stops it after the driver's grace", proc.spec.worker_id,
+                               proc.spec.host, exc)
+                continue
+            logger.info("worker %s on %s: its connection dropped while it ran; stopping it through a new one",
+                        proc.spec.worker_id, proc.spec.host)
+            thread = threading.Thread(target=_kill_once_connected, args=(again,), daemon=True,
+                                      name=f"ssh-orphan-{proc.spec.worker_id}")
+            thread.start()
+            self._threads = [t for t in self._threads if t.is_alive()] + [thread]
+
+    def wait(self, bound_s: float = CLOSE_WAIT_S) -> None:
+        """Wait for the orders under way, up to ``bound_s`` in all."""
+        end = time.monotonic() + bound_s
+        for thread in self._threads:
+            thread.join(timeout=max(0.0, end - time.monotonic()))
+
+
+def _kill_once_connected(again: Any) -> None:
+    deadline = time.monotonic() + CONNECT_WAIT_S
+    while again.ssh_pid is None and again.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    again.kill()  # before its ssh runs, this cancels the set-up instead: nothing reached, nothing to stop
+    while again.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
