@@ -480,8 +480,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         Over shards (``hvd.shard``) every step runs here: a kept commit of shards
         was copied whole at the commit (``in_place`` is then empty).
         """
-        if fresh and not self._ce_sharded:  # a closure's first backward is still to come (``optim.closure``)
-            self._ce_check_outside()
+        if fresh:  # a closure's first backward is still to come (``optim.closure``): nothing to average yet
+            if not self._ce_sharded:
+                self._ce_check_outside()
         elif not self._ce_skip:
             self.synchronize()
         for snapshot in self._ce_snapshots:
