@@ -71,6 +71,20 @@ def test_a_failure_line_names_the_port_only_where_the_job_knows_it(config, named
     assert destination(config, "10.0.0.7") == named
 
 
+def test_a_remote_python_that_cannot_start_is_quoted_by_its_fatal_error_not_its_empty_stack():
+    """A review forwarded ``-x PYTHONHOME=/x``: the failure line quoted "<no Python frame>", the last of what the
+    remote Python printed; the fatal error and its cause were a few lines above."""
+    import subprocess
+    from cloud_elastic.driver.launch.ssh_setup import STDERR_TAIL
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    said = subprocess.run([sys.executable, "-c", "1"], env={**env, "PYTHONHOME": "/x"}, capture_output=True,
+                          text=True, timeout=30).stderr.splitlines()[-STDERR_TAIL:]
+    assert "<no Python frame>" in said[-1]  # what the line quoted before
+    line = wrapper_failure(1, said)
+    assert "remote said: Fatal Python error: init_fs_encoding" in line and "No module named 'encodings'" in line, line
+
+
 def test_host_keys_go_to_a_job_private_file_by_default():
     with SSHLauncher(SSHConfig()) as launcher:
         options = _options(launcher.ssh_argv("10.0.1.4"))

@@ -294,10 +294,19 @@ def retry_delay(attempt: int) -> float:
     return random.uniform(0.5, 1.5) * 2 ** (attempt - 1)
 
 
+#: Lines of a Python that could not start that say nothing of why: its stack's header and frames, its state dump.
+_NO_CAUSE = re.compile(r"<no Python frame>|(Current thread|Thread) 0x|File \"|Python runtime state|Extension modules|"
+                       r"\]$|sys\.|[a-z ]+ = ")
+
+
 def wrapper_failure(rc: int, stderr_tail: deque[str] | list[str]) -> str:
-    """Name a remote wrapper that ended with ``rc`` without starting the worker."""
+    """Name a remote wrapper that ended with ``rc`` without starting the worker; its telling words quoted: a Python
+    that could not start (``-x PYTHONHOME=/x``) ends on its stack's header, after the fatal error and its cause."""
     lines = [line.strip() for line in stderr_tail if line.strip()]
-    last = lines[-1] if lines else "nothing"
+    told = [line for line in lines if not _NO_CAUSE.match(line)]
+    fatal = next((line for line in told if line.startswith("Fatal Python error")), None)
+    last = told[-1] if told else lines[-1] if lines else "nothing"
+    last = f"{fatal} ({last})" if fatal is not None and fatal != last else last
     if any("no module named" in line.lower() and "cloud_elastic" in line for line in lines):
         return (f"python3 on that host cannot import cloud_elastic: install cloud-elastic there at the driver's "
                 f"path ({os.path.dirname(sys.executable)}) (remote said: {last})")
