@@ -208,6 +208,8 @@ def test_the_launcher_holds_an_exit_until_it_has_read_the_bytes_the_wrapper_coun
     assert out.behind(1e9, alive=True)  # one byte still in ssh, however long since the last line
     assert not out.behind(1e9, alive=False)  # the reader ended (ssh's stdout closed): nothing more will come
     assert stream.read1(100) == b"second\n" and out.read == 18
+    assert out.behind(1e9, alive=True)  # all read, the last chunk not yet forwarded: the end waits for it
+    out.idle.set()  # forwarded, the reader back in a read
     assert not out.behind(1e9, alive=True)  # more than counted (a login shell's own line): told, not held
     os.close(pipe_r)
     os.close(pipe_w)

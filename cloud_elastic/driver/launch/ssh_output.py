@@ -119,7 +119,9 @@ class OutputPump:
         deadline = time.monotonic() + timeout_s
         while self._thread.is_alive():
             out = self._out
-            if self._idle.is_set() and not pending_bytes(self._pipe) and (out is None or not pending_bytes(out)):
+            # The pipe before the pump: its idle flag is cleared before it reads, so an empty pipe then an idle
+            # pump means the bytes read are sent; the other order missed a chunk read between the two looks.
+            if not pending_bytes(self._pipe) and self._idle.is_set() and (out is None or not pending_bytes(out)):
                 return True
             if time.monotonic() >= deadline:
                 return False

@@ -64,6 +64,8 @@ class Stdout:
         class Counted:
             def read1(self, n: int = -1) -> bytes:
                 data = raw.read1(n)
+                if data:  # not idle before counted: else poll() saw every byte read, the reader idle, the last
+                    count.idle.clear()  # chunk not yet forwarded, and told the end without it (CI, 2026-12-01)
                 count.read += len(data)
                 return data
 
@@ -83,9 +85,11 @@ class Stdout:
         """Whether output before the marker is still to forward (``alive``: the reader runs): read and not forwarded,
         in ssh's stdout pipe (as a local worker's), or still in ssh's own buffer: the bytes the wrapper counted not
         all read, or, from an older wrapper, a line forwarded less than :data:`QUIET_S` ago."""
+        if self.sent is not None and alive and self.read < self.sent:  # the count first: once all is read, the
+            return True  # reader was not idle until it forwarded the last chunk (see :meth:`stream`)
         if alive and (not self.idle.is_set() or self.fd >= 0 and pending_bytes(self.fd)):
             return True
-        return now - self.read_at < QUIET_S if self.sent is None else alive and self.read < self.sent
+        return self.sent is None and now - self.read_at < QUIET_S
 
 
 #: Connections to one host being set up at once: below sshd's default MaxStartups (10), leaving room for others.
