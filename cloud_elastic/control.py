@@ -73,6 +73,26 @@ def host_namespace(secret: str, job_id: str, host_key: str) -> str:
     return f"h-{tag.hexdigest()[:32]}"
 
 
+def _bounded_int(text: str) -> int:
+    """A JSON integer of at most 64 bits: none of the protocol's counts, sizes or times is larger, and a larger one
+    (JSON's 1 followed by 400 zeros) failed later, in a conversion to float, as the driver's own error."""
+    value = int(text)
+    if not -(1 << 63) <= value < 1 << 64:
+        raise ValueError(f"integer of {len(text)} digits is past 64 bits")
+    return value
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"number {text[:40]} is not finite")
+    return value
+
+
+def _no_constant(text: str) -> float:
+    raise ValueError(f"{text} is not a number")
+
+
 class Codec:
     """Signs outgoing messages and verifies incoming ones for one job.
 
@@ -130,8 +150,9 @@ class Codec:
         if not self.signed(body, signature):
             raise ControlPlaneError("bad or missing signature")
         try:
-            message = json.loads(body)
-        # ValueError: bad UTF-8 or JSON, and integers past Python's 4,300 digits; RecursionError: deep nesting.
+            message = json.loads(body, parse_int=_bounded_int, parse_float=_finite_float, parse_constant=_no_constant)
+        # ValueError: bad UTF-8 or JSON, an integer past 64 bits, a number that is not finite (NaN, Infinity, 1e400:
+        # a NaN deadline compares false with every time); RecursionError: deep nesting.
         except (ValueError, RecursionError) as exc:
             raise ControlPlaneError(f"malformed JSON: {exc}") from None
         if not isinstance(message, dict):

@@ -81,3 +81,71 @@ def test_a_refusal_naming_a_driver_start_that_the_driver_did_not_sign_moves_no_c
     server.close()
     assert len(requests) <= 10, len(requests)  # every 0.2 s, not as fast as the forger answers
     assert abs(json.loads(codec.encode("poll", {})[0])["ts"] - time.time()) < 5  # signs at its own clock
+
+
+def test_a_reply_that_is_not_http_leaves_the_client_usable_for_the_real_driver() -> None:
+    """Review h2 (2026-12-01): an answer that is not HTTP (an impostor at the port, an ssh banner) raised
+    BadStatusLine, not an OSError, so the connection stayed mid-request: every later call failed unsent
+    (CannotSendRequest), the heartbeats with them, even once the real driver served the port again."""
+    import time
+
+    from cloud_elastic.control import new_secret
+    from cloud_elastic.driver.net.control_server import ControlServer
+
+    impostor = socket.create_server(("127.0.0.1", 0))
+    port = impostor.getsockname()[1]
+
+    def serve() -> None:
+        conn, _ = impostor.accept()
+        with conn:
+            conn.recv(65536)
+            conn.sendall(b"SSH-2.0-OpenSSH_9.2\r\n\r\n")
+            time.sleep(0.5)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    secret = new_secret()
+    client = DriverClient(f"127.0.0.1:{port}", Codec(secret, "job"), "w1")
+    with pytest.raises(ConnectionError, match=f"^the poll reply from 127.0.0.1:{port} is not HTTP: BadStatusLine"):
+        client.call("poll", {}, timeout_s=3)
+    thread.join(5)
+    impostor.close()
+    real = ControlServer(Codec(secret, "job"), lambda kind, message: {"ok": True}, port=port)
+    real.start()
+    try:
+        assert client.call("poll", {}, timeout_s=5)["ok"] is True  # the same client: the one the heartbeats use
+    finally:
+        real.close()
+
+
+def test_a_reply_trickled_a_byte_a_second_ends_the_call_within_its_time() -> None:
+    """Review h2 (2026-12-01): the call's time bounded each read, not the call; a reply trickled a byte a second
+    held it without end, and the heartbeat thread, which counts the driver's silence after a call returns, with it
+    (so --driver-grace never came)."""
+    import time
+
+    server, stop = socket.create_server(("127.0.0.1", 0)), threading.Event()
+
+    def serve() -> None:
+        conn, _ = server.accept()
+        with conn:
+            conn.recv(65536)
+            for byte in b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n" + b"x" * 1000:
+                if stop.wait(0.3):
+                    return
+                try:
+                    conn.send(bytes([byte]))
+                except OSError:
+                    return
+
+    threading.Thread(target=serve, daemon=True).start()
+    client = DriverClient(f"127.0.0.1:{server.getsockname()[1]}", Codec("k" * 64, "job"), "w1")
+    began = time.monotonic()
+    try:
+        with pytest.raises(TimeoutError):
+            client.call("poll", {}, timeout_s=1.5)
+        assert time.monotonic() - began < 6, "bounded by the call's time, not by each read's"
+    finally:
+        stop.set()
+        client.close()
+        server.close()

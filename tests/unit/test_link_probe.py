@@ -139,3 +139,33 @@ def test_the_hook_delays_gloo_operations_by_their_bytes_as_time_in_collectives()
         SlowLink.uninstall()
     assert getattr(dist.ProcessGroupGloo, "_ce_slow_link", None) is None
     assert "delayed" not in repr(dist.ProcessGroupGloo.allreduce)
+
+
+def test_a_probe_that_trickles_its_echo_ends_the_measurement_within_bounded_time(monkeypatch):
+    """Review h2 (2026-12-01): each read was bounded by the socket's timeout, the measurement by nothing: a listener
+    at a stale peer's probe address that sent a byte a second held the measuring thread without end."""
+    import cloud_elastic.worker.link.link_probe as link_probe
+
+    monkeypatch.setattr(link_probe, "_IO_S", 1.0)
+    server, stop = socket.create_server(("127.0.0.1", 0)), threading.Event()
+
+    def serve() -> None:
+        conn, _ = server.accept()
+        with conn:
+            conn.sendall(b"n" * 16)
+            conn.recv(64)
+            while not stop.wait(0.2):
+                try:
+                    conn.send(b"x")
+                except OSError:
+                    return
+
+    threading.Thread(target=serve, daemon=True).start()
+    began = time.monotonic()
+    try:
+        with pytest.raises(OSError):
+            measure(server.getsockname(), b"k" * 32)
+        assert time.monotonic() - began < 8  # three reads at most, each within _IO_S
+    finally:
+        stop.set()
+        server.close()

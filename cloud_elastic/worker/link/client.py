@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import http.client
 import json
+import math
 import re
+import socket
 import time
 from typing import Any
 
@@ -46,11 +48,16 @@ class DriverClient:
                 again = False
             else:
                 time.sleep(0.2)
-        if resp.status != 200:
-            raise ControlPlaneError(f"driver refused {kind}: HTTP {resp.status} {data[:200].decode(errors='replace')}")
-        reply = self._codec.decode(data, resp.getheader(SIGNATURE_HEADER))
-        if reply.get("kind") != kind or reply.get("re") != nonce or reply.get("to") != self._worker_id:
-            raise ControlPlaneError(f"the driver's {kind} reply does not answer this request")
+        try:
+            if resp.status != 200:
+                raise ControlPlaneError(
+                    f"driver refused {kind}: HTTP {resp.status} {data[:200].decode(errors='replace')}")
+            reply = self._codec.decode(data, resp.getheader(SIGNATURE_HEADER))
+            if reply.get("kind") != kind or reply.get("re") != nonce or reply.get("to") != self._worker_id:
+                raise ControlPlaneError(f"the driver's {kind} reply does not answer this request")
+        except ControlPlaneError:
+            self.close()  # whoever answered so is not trusted with the next request
+            raise
         return reply
 
     def _send(self, kind: str, payload: dict[str, Any] | None,
@@ -65,8 +72,9 @@ class DriverClient:
               timeout_s: float) -> tuple[str, http.client.HTTPResponse, bytes]:
         body, signature = self._codec.encode(kind, dict(payload or {}, worker=self._worker_id))
         if self._conn is None:
-            self._conn = http.client.HTTPConnection(self._host, self._port, timeout=timeout_s)
+            self._conn = _Connection(self._host, self._port, timeout=timeout_s)
         self._conn.timeout = timeout_s
+        self._conn.deadline = time.monotonic() + timeout_s
         try:
             self._conn.request(
                 "POST", f"/v1/{kind}", body,
@@ -77,11 +85,46 @@ class DriverClient:
         except (OSError, ControlPlaneError):  # a broken connection, or a reply too long left unread: not reused
             self.close()
             raise
+        except http.client.HTTPException as exc:  # not HTTP (an impostor at the port; an ssh banner): the connection
+            self.close()  # is left mid-request, and every later call on it failed unsent (review h2, 2026-12-01)
+            raise ConnectionError(f"the {kind} reply from {self._host}:{self._port} is not HTTP: {exc!r:.200}") from None
 
     def close(self) -> None:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+
+
+class _DeadlineSocket(socket.socket):
+    """A socket whose reads share one deadline (``deadline``, by ``time.monotonic``): a reply trickled a byte a
+    second held each read below the socket's timeout, and the call without end (review h2, 2026-12-01)."""
+
+    deadline = math.inf
+
+    def recv_into(self, buffer, nbytes: int = 0, flags: int = 0) -> int:  # type: ignore[override]
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise socket.timeout("the driver's reply did not come within the call's time")
+        if left < math.inf:
+            self.settimeout(left)
+        return super().recv_into(buffer, nbytes, flags)
+
+
+class _Connection(http.client.HTTPConnection):
+    """An HTTP connection that reads its replies through a :class:`_DeadlineSocket`, by the deadline it is given."""
+
+    deadline = math.inf
+
+    def connect(self) -> None:
+        super().connect()
+        sock = self.sock
+        self.sock = _DeadlineSocket(fileno=sock.detach())
+        self.sock.settimeout(self.timeout)
+
+    def getresponse(self) -> http.client.HTTPResponse:
+        if isinstance(self.sock, _DeadlineSocket):
+            self.sock.deadline = self.deadline
+        return super().getresponse()
 
 
 def _bounded_body(resp: http.client.HTTPResponse, kind: str) -> bytes:

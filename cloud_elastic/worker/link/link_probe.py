@@ -172,10 +172,16 @@ class SlowLink:
 
 
 # -------------------------------------------------------------------- wire
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    """``n`` bytes; socket.timeout past the socket's timeout for a read."""
-    view, got = bytearray(n), 0
+def _recv_exact(sock: socket.socket, n: int, within_s: float | None = None) -> bytes:
+    """``n`` bytes; socket.timeout past ``within_s`` in all (:data:`_IO_S` by default): a peer that sends a byte a second would hold each read
+    no longer than the socket's timeout, but the measurement without end (review h2, 2026-12-01)."""
+    within_s = _IO_S if within_s is None else within_s
+    view, got, deadline = bytearray(n), 0, time.monotonic() + within_s
     while got < n:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise socket.timeout(f"the probe's {n} bytes did not come within {within_s:g}s")
+        sock.settimeout(left)
         k = sock.recv_into(memoryview(view)[got:], n - got)
         if k == 0:
             raise ConnectionError("the peer closed the probe connection")
