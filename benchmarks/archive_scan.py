@@ -2,8 +2,9 @@
 
 Every checkpoint load (``checkpoint.safety.safe_load``, DCP items) and every state sync
 (``worker.comm.statecodec.decode``, on rank 0 in ``encode`` too) first reads the archive's
-directory and dry-runs its pickle's opcodes (``torch_archive._check_tuples``: tuples nested
-too deep or referenced too often, which the load would hash in C). This times that check and
+directory and dry-runs its pickle's opcodes (``torch_archive._check_pickle``: tuples nested
+too deep or referenced too often, which the load would hash in C; calls that walk the same
+containers again and again; more objects built than the archive's size allows). This times that check and
 ``torch.load(weights_only=True)`` of the same bytes, best of ``--runs``, one after the other on
 each of: a checkpoint's ``state.pt`` (a model of 600 parameters with Adam state: kB of pickle,
 MB of storages); a sync's attributes (a few numbers and a list of 1,000 floats); and the

@@ -19,7 +19,7 @@ import re
 from typing import IO, TYPE_CHECKING, Any, Callable
 
 from cloud_elastic.checkpoint.api import CheckpointError
-from cloud_elastic.torch_archive import MAX_NESTING, stored_records
+from cloud_elastic.torch_archive import COPY_FACTOR, COPY_SLACK, MAX_NESTING, stored_records
 
 if TYPE_CHECKING:
     import torch
@@ -27,12 +27,6 @@ if TYPE_CHECKING:
 __all__ = ["COPY_FACTOR", "COPY_SLACK", "MAX_NESTING", "TENSOR_COST", "Unusable", "causes", "check_archive",
            "check_loaded", "key_text", "one_line", "safe_load", "storage_reason", "stored_records"]
 
-#: What a copy of a loaded value may cost: this many times the bytes it was loaded from, plus :data:`COPY_SLACK`.
-#: The commit snapshot after a load copies every reference to a tensor or a container on its own, so a value the
-#: project wrote costs about its own size (tied weights: a few times the shared tensor), and a forged one (a view
-#: that repeats one stored element 2**40 times, one tensor or list referenced a million times) is refused.
-COPY_FACTOR = 8
-COPY_SLACK = 64 << 20
 #: What each reference to a tensor costs a copy besides its elements (a tensor object of its own: about 140 bytes
 #: of Python object and its TensorImpl): an empty tensor referenced a million times (2 to 5 bytes of pickle each)
 #: is a million tensors in the commit snapshot, not nothing.

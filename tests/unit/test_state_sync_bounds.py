@@ -190,24 +190,87 @@ _TUPLE_KEYS = {  # hashed in C as the unpickler builds the dict, out of reach of
 }
 
 
-def test_a_tuple_key_whose_hash_never_ends_is_refused_before_the_load(tmp_path):
-    """In a received state, and in a checkpoint's state.pt (the same check: ``torch_archive.stored_records``)."""
-    for index, (pickle, _) in enumerate(_TUPLE_KEYS.values()):
+def _refusals(tmp_path, pickles: list[bytes]) -> tuple[list[str], int]:
+    """What a fresh process says of each of ``pickles`` (as archives) received as a state and read as a checkpoint's
+    state.pt, and the MiB its peak memory grew by over them (torch imported and warm before)."""
+    for index, pickle in enumerate(pickles):
         (tmp_path / str(index)).write_bytes(_archive(pickle))
-    code = ("import pathlib, sys\n"
+    code = ("import pathlib, resource, sys\n"
             "from cloud_elastic.checkpoint import safety\n"
             "from cloud_elastic.worker.comm import statecodec\n"
+            "statecodec.decode(statecodec.encode({'warm': [1]}, 'w'), 'w')\n"
+            "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
             "for path in sys.argv[1:]:\n"
             "    data = pathlib.Path(path).read_bytes()\n"
             "    try: statecodec.decode(data, 'state attributes')\n"
             "    except statecodec.StateSyncError as exc: print(exc, flush=True)\n"
             "    try: safety.safe_load(data, 'state.pt')\n"
-            "    except safety.Unusable as exc: print(exc, flush=True)")
-    paths = [str(tmp_path / str(index)) for index in range(len(_TUPLE_KEYS))]
-    done = subprocess.run([sys.executable, "-c", code, *paths], capture_output=True, text=True, timeout=30)
-    expected = [line for _, why in _TUPLE_KEYS.values() for line in (
+            "    except safety.Unusable as exc: print(exc, flush=True)\n"
+            "print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) >> 10)")
+    paths = [str(tmp_path / str(index)) for index in range(len(pickles))]
+    done = subprocess.run([sys.executable, "-c", code, *paths], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    *lines, grown_mib = done.stdout.splitlines()
+    return lines, int(grown_mib)
+
+
+def test_a_tuple_key_whose_hash_never_ends_is_refused_before_the_load(tmp_path):
+    """In a received state, and in a checkpoint's state.pt (the same check: ``torch_archive.stored_records``)."""
+    lines, _ = _refusals(tmp_path, [pickle for pickle, _ in _TUPLE_KEYS.values()])
+    assert lines == [line for _, why in _TUPLE_KEYS.values() for line in (
         f"state attributes: received state {why}: corrupt or forged", f"its state.pt {why}: not loaded")]
-    assert (done.returncode, done.stdout.splitlines()) == (0, expected), done.stderr[-2000:]
+
+
+def _sets_of_one_list(elements: int, tuples: int, calls: int) -> bytes:
+    """``set(L)`` ``calls`` times (7 bytes each), L a list of ``tuples`` references to one tuple of ``elements``:
+    each call hashes every tuple in L again (Python caches no tuple's hash), time that grows with the square of the
+    pickle: 47 kB took 18 s of CPU before the load refused it (review h1, 2026-12-01)."""
+    return (b"\x80\x02]q\x01cbuiltins\nset\nq\x00a(" + b"K\x01" * elements + b"tq\x02a]q\x03(" + b"h\x02" * tuples
+            + b"ea" + b"h\x00h\x03\x85Ra" * calls + b".")
+
+
+def _copies_of_one_string(length: int, copies: int) -> bytes:
+    """``_codecs.encode(s, "latin1")`` ``copies`` times (12 bytes each) of one string of ``length`` characters,
+    each a new bytes object of its length."""
+    return (b"\x80\x02]q\x00c_codecs\nencode\nq\x01X" + length.to_bytes(4, "little") + b"a" * length
+            + b"q\x02X\x06\x00\x00\x00latin1q\x03" + b"h\x01h\x02h\x03\x86Ra" * copies + b".")
+
+
+#: Pickles whose load builds far more than their size, or walks the same containers over and over (review h1).
+_AMPLIFIED = {
+    "set(L) 6,000 times": (_sets_of_one_list(1000, 1350, 6000), "walk"),
+    "a million empty sets": (b"\x80\x02]q\x00(" + b"\x8f" * 1_000_000 + b"e.", "builds"),  # 216 MB of sets
+    "2,000 copies of a 100 kB string": (_copies_of_one_string(100_000, 2000), "builds"),
+}
+
+
+def test_a_pickle_whose_load_builds_far_more_than_its_size_or_walks_one_list_again_and_again_is_refused_first(
+        tmp_path):
+    """Review h1 (2026-12-01): the check before the load counted only tuples; ``set(L)`` over and over took time
+    that grows with the square of the pickle, and a million one-byte empty sets built 216 MB (280 times the
+    message) before the check after the load refused them. Refused before the load now, in one line, in a state
+    sync and a checkpoint's state.pt alike, with memory bounded."""
+    lines, grown_mib = _refusals(tmp_path, [pickle for pickle, _ in _AMPLIFIED.values()])
+    expected = []
+    for pickle, kind in _AMPLIFIED.values():
+        size = len(_archive(pickle))
+        why = (f"has its calls walk containers of more than {8 * len(pickle) + (1 << 20):,} elements in all, the "
+               "same ones over and over" if kind == "walk" else
+               f"builds more than {8 * size + (64 << 20):,} bytes of objects before its load could refuse them (8 "
+               f"times its {size:,} bytes, and 64 MiB): empty containers by the million, or the same ones copied "
+               "over and over")
+        expected += [f"state attributes: received state {why}: corrupt or forged", f"its state.pt {why}: not loaded"]
+    assert lines == expected
+    assert grown_mib < 120, f"the refusals took {grown_mib} MiB"  # the load of the sets alone: 216 MB
+
+
+def test_a_received_state_that_reads_what_was_never_written_is_refused_in_one_line():
+    """Review h1 (2026-12-01): a pickle that gets a memo slot never put, or makes a tuple of an empty stack, made
+    the load raise KeyError or IndexError, which escaped the sync with a traceback (a checkpoint said one line)."""
+    for pickle, error in [(b"\x80\x02h\x07.", "KeyError: 7"), (b"\x80\x02\x86.", "IndexError: ")]:
+        with pytest.raises(statecodec.StateSyncError,
+                           match=rf"^state attributes: received state is corrupt \({error}.*\)$"):
+            statecodec.decode(_archive(pickle), "state attributes")
 
 
 def _key_of_triples(levels: int) -> bytes:

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from cloud_elastic import plain_numpy
-from cloud_elastic.checkpoint.safety import COPY_FACTOR, COPY_SLACK, check_loaded
+from cloud_elastic.checkpoint.safety import COPY_FACTOR, COPY_SLACK, check_loaded, one_line
 from cloud_elastic.errors import CloudElasticError
 from cloud_elastic.plain_numpy import DICTS as _DICTS, LEAVES, SEQUENCES as _SEQUENCES, TAG as _TAG
 from cloud_elastic.plain_numpy import is_numeric as _numeric
@@ -162,8 +162,10 @@ def decode(data: bytes, what: str) -> Any:
             f"{what} cannot be synced safely ({detail}); keep plain values in elastic state, or allow "
             "the class with torch.serialization.add_safe_globals([...]) in the script"
         ) from exc
-    except (RuntimeError, EOFError, ValueError) as exc:
-        raise StateSyncError(f"{what}: received state is corrupt ({exc})") from exc
+    except Exception as exc:  # RuntimeError for a bad archive; KeyError, IndexError for a forged pickle (a memo
+        # slot never written, a tuple of an empty stack), which escaped with a traceback; MemoryError, RecursionError
+        raise StateSyncError(f"{what}: received state is corrupt ({type(exc).__name__}: {one_line(exc, 160)})") \
+            from None
     check_loaded(obj, what, COPY_FACTOR * len(data) + COPY_SLACK,
                  lambda why: StateSyncError(f"{what}: received state {why}"))
     if _TAG.encode() in data:  # pickle keeps a string's bytes as they are: without them there is no tag
