@@ -124,6 +124,9 @@ class SSHConfig:
         if self.port is not None and not 0 < self.port < 65536:
             raise ConfigError(f"--ssh-port must be 1-65535, got {self.port}")
         check_seconds("the ssh connect timeout", self.connect_timeout_s)
+        if self.identity_file is not None and self.identity_file.startswith("~"):  # as ssh -i reads it: a run line
+            # written into a unit file or passed without a shell (terraform's printed line) keeps its "~"
+            object.__setattr__(self, "identity_file", os.path.expanduser(self.identity_file))
         if self.identity_file is not None and not os.path.isfile(self.identity_file):
             raise ConfigError(f"--ssh-identity-file {self.identity_file!r} does not exist")
         for option in self.extra_options:

@@ -88,6 +88,18 @@ def test_missing_ssh_identity_file(tmp_path) -> None:
     assert SSHConfig(identity_file=str(key), port=2222).port == 2222
 
 
+def test_an_ssh_identity_file_under_home_is_found_when_no_shell_expanded_its_tilde(tmp_path, monkeypatch) -> None:
+    """Review h5 (2026-12-01): Terraform's printed run line says ``--ssh-identity-file ~/.ssh/cloud-elastic``; run
+    without a shell (a unit file, a subprocess) the "~" stayed, and the key was said not to exist (ssh -i itself
+    expands it)."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / ".ssh").mkdir()
+    (tmp_path / ".ssh" / "cloud-elastic").write_text("key")
+    assert SSHConfig(identity_file="~/.ssh/cloud-elastic").identity_file == str(tmp_path / ".ssh" / "cloud-elastic")
+    with pytest.raises(ConfigError, match=r"^--ssh-identity-file '.*/\.ssh/other' does not exist$"):
+        SSHConfig(identity_file="~/.ssh/other")
+
+
 # ------------------------------------------------------------ environment
 @pytest.fixture
 def no_timeout_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
