@@ -73,8 +73,7 @@ class DriverClient:
         body, signature = self._codec.encode(kind, dict(payload or {}, worker=self._worker_id))
         if self._conn is None:
             self._conn = _Connection(self._host, self._port, timeout=timeout_s)
-        self._conn.timeout = timeout_s
-        self._conn.deadline = time.monotonic() + timeout_s
+        self._conn.arm(timeout_s)
         try:
             self._conn.request(
                 "POST", f"/v1/{kind}", body,
@@ -115,16 +114,19 @@ class _Connection(http.client.HTTPConnection):
 
     deadline = math.inf
 
+    def arm(self, timeout_s: float) -> None:
+        """The next request, its sending and its reply's every read, within ``timeout_s`` from now (a kept
+        connection's socket still has the time its last read had left)."""
+        self.timeout, self.deadline = timeout_s, time.monotonic() + timeout_s
+        if isinstance(self.sock, _DeadlineSocket):
+            self.sock.settimeout(timeout_s)
+            self.sock.deadline = self.deadline
+
     def connect(self) -> None:
         super().connect()
-        sock = self.sock
-        self.sock = _DeadlineSocket(fileno=sock.detach())
+        self.sock = _DeadlineSocket(fileno=self.sock.detach())
         self.sock.settimeout(self.timeout)
-
-    def getresponse(self) -> http.client.HTTPResponse:
-        if isinstance(self.sock, _DeadlineSocket):
-            self.sock.deadline = self.deadline
-        return super().getresponse()
+        self.sock.deadline = self.deadline
 
 
 def _bounded_body(resp: http.client.HTTPResponse, kind: str) -> bytes:
