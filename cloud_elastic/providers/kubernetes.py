@@ -33,7 +33,10 @@ one line: a refused selector (400/422), pods that may not be listed (403),
 bad credentials (401) or an unreadable kubeconfig are fatal; an unreachable
 API server, 429 and 5xx are retryable. Nodes that may not be read (403) are
 not fatal: one warning, and the job goes on without node signals (pod signals
-still work). A pod or node of the wrong shape (a field of a type the API never
+still work) while the nodes list is retried, with the watches' back-off (0.5 s
+doubling to 30 s), for the job's life: RBAC granted later (an RBAC cache that
+lagged the apply, a binding fixed) turns them on. A pod or node of the wrong
+shape (a field of a type the API never
 sends) is one warning naming it and the field, and is left out; a list page of
 the wrong shape is retryable, in one line naming the field. Of an error answer
 (not 2xx) to a list or a watch, at most 64 KiB of the body is read
@@ -320,14 +323,17 @@ class KubernetesPods(CloudGroupProvider):
             "workers' node pool" if not self.node_selector else "narrow -o node_selector")
         try:
             nodes.sync()
-            self._watches.append(nodes)
         except Exception as exc:
             if getattr(exc, "status", None) != 403:
                 raise self._first_error(exc, "nodes") from exc
             self._nodes_refused = True
-            _log.warning("%s: may not list nodes (403 %s); going on without node signals (taints, cordons): pod "
-                         "signals (DisruptionTarget, deletion) still drain. Grant list and watch on nodes "
-                         "(a ClusterRole) to see them", self.label, _message(exc))
+            # Its thread lists again with back-off until a list succeeds (start()): one warning for this outage.
+            self._nodes_warned = nodes.refused(f"may not list nodes: 403 {_message(exc)}")
+            _log.warning("%s: may not list nodes (403 %s); going on without node signals (taints, cordons) until "
+                         "a list succeeds (it will be retried with back-off, up to every 30 s, for the job's life): "
+                         "pod signals (DisruptionTarget, deletion) still drain. Grant list and watch on nodes (a "
+                         "ClusterRole) to see them", self.label, _message(exc))
+        self._watches.append(nodes)
         _log.log(logging.INFO if self._view.pods else logging.WARNING,
                  "%s: %d pod(s) match in namespace %s%s, %s", self.label, len(self._view.pods), self.namespace,
                  "" if self._view.pods else " (yet: waiting for them)",
@@ -353,8 +359,8 @@ class KubernetesPods(CloudGroupProvider):
             return FatalDiscoveryError(f"{self.label}: {exc}")
         if status == 403:
             where = f"in namespace {self.namespace!r}" if what == "pods" else "(cluster-scoped)"
-            return FatalDiscoveryError(f"{self.label}: may not list {what} {where}: {message} (the driver needs get, "
-                                       f"list and watch on {what}; see docs/providers.md)")
+            return FatalDiscoveryError(f"{self.label}: may not list {what} {where}: {message} (the driver needs list "
+                                       f"and watch on {what}; see docs/providers.md)")
         if status == 401:
             return FatalDiscoveryError(f"{self.label}: the API server {self._server} refused the credentials "
                                        f"(401 Unauthorized): {message}")
@@ -435,8 +441,9 @@ class KubernetesPods(CloudGroupProvider):
 
     @property
     def watches(self) -> tuple[ResourceWatch, ...]:
-        """The running watches (pods, then nodes unless refused), for tests and benchmarks."""
-        return tuple(self._watches)
+        """The watches that have listed (pods, then nodes once a list of them succeeded), for tests and
+        benchmarks."""
+        return tuple(w for w in self._watches if w.lists)
 
 
 def _message(exc: BaseException) -> str:

@@ -14,6 +14,8 @@ phase ``Running`` to appear at all: a pod with no IP yet is not a host yet):
 ==========================================================  ======================================
 pod / its node                                              result
 ==========================================================  ======================================
+its node's Node object deleted (see below)                  draining "node <node> deleted", deadline =
+                                                            when the view first saw the deletion
 ``metadata.deletionTimestamp`` set                          draining "pod deleted", deadline = it
 condition ``DisruptionTarget`` ``True``                     draining "<reason>", deadline = the
                                                             condition's time + the pod's grace
@@ -31,6 +33,13 @@ and a taint without ``timeAdded``, which is every taint but a ``NoExecute``
 one (the termination handler's ``spot-itn`` is ``NoSchedule``). The deadline
 is then later than the truth by the time the signal took to reach the view:
 usually the one event that woke the driver.
+
+A node deleted is one the view had and then lost: a ``DELETED`` event, or a
+relist without it (not a node it never had: nodes refused, or left out by
+``node_selector``). Its taints went with it, while its pods stay listed
+``Running`` and ``Ready`` until the pod garbage collector deletes them (about
+40 s later): they drain until they go, or until a node of that name is listed
+again. A pod of a deleted node, like a terminating one, is not live below.
 
 A terminating pod (``deletionTimestamp`` set) whose address a live pod now
 has (the network plugin gave it out again while the old pod stays, say behind
@@ -352,6 +361,8 @@ class ClusterView:
         self.nodes: dict[str, NodeRecord] = {}
         self._first_seen: dict[str, float] = {}  # pod uid -> when a disruption without a time was first seen
         self._taint_seen: dict[tuple[str, str], float] = {}  # (node, key) -> when a timeless taint was first seen
+        #: Node name -> when a snapshot first saw it deleted (None until one has): see _verdict.
+        self._nodes_gone: dict[str, float | None] = {}
         self._once = OnceLog(_log, logging.WARNING)
         #: (kind, key) -> the message last warned for a malformed pod or node (key None: one whose key is unreadable)
         self._malformed: dict[tuple[str, str | None], str] = {}
@@ -383,6 +394,11 @@ class ClusterView:
         fresh = self._read_all("node", nodes)
         ours = {p.node for p in self.pods.values()}
         changed = any(fresh.get(n) != self.nodes.get(n) for n in ours)
+        unread = {key for kind, key in self._malformed if kind == "node"}  # in the list, but malformed: not gone
+        for name in set(self.nodes) - set(fresh) - unread:
+            self._nodes_gone.setdefault(name, None)
+        for name in fresh:
+            self._nodes_gone.pop(name, None)
         self.nodes = fresh
         return self._bump(changed)
 
@@ -392,13 +408,16 @@ class ClusterView:
         record, name = self._record("node", node)
         if name is None:
             return False
-        old = self.nodes.get(name)
+        old, was_gone = self.nodes.get(name), name in self._nodes_gone
         if kind == "DELETED" or record is None:
             self.nodes.pop(name, None)
             record = None
+            if kind == "DELETED":
+                self._nodes_gone.setdefault(name, None)
         else:
             self.nodes[name] = record
-        if old == record:
+            self._nodes_gone.pop(name, None)  # a node of that name registered (again)
+        if old == record and was_gone == (name in self._nodes_gone):
             return False
         return self._bump(any(p.node == name for p in self.pods.values()))
 
@@ -453,12 +472,12 @@ class ClusterView:
         builder = SnapshotBuilder(self.label)
         soft: dict[str, str] = {}
         uids = set()
-        live = {pod.ip for pod in self.pods.values() if pod.ip and pod.phase == "Running" and pod.deleted_at is None}
+        live = {pod.ip for pod in self.pods.values() if pod.ip and pod.phase == "Running" and not self._doomed(pod)}
         for pod in self.pods.values():
             uids.add(pod.uid)
             if not pod.ip or pod.phase != "Running":
                 continue
-            if pod.deleted_at is not None and pod.ip in live:
+            if self._doomed(pod) and pod.ip in live:
                 continue  # its address was given to a live pod: the terminating one no longer has it
             if not self._readable(pod):
                 continue
@@ -475,6 +494,8 @@ class ClusterView:
                     soft[pod.ip] = note
         for uid in set(self._first_seen) - uids:
             del self._first_seen[uid]
+        for name in set(self._nodes_gone) - {pod.node for pod in self.pods.values()}:
+            del self._nodes_gone[name]  # its pods are gone too
         taints = {(node.name, key) for node in self.nodes.values() for key, _ in node.taints}
         for gone in set(self._taint_seen) - taints:
             del self._taint_seen[gone]
@@ -496,7 +517,22 @@ class ClusterView:
             return False
         return True
 
+    def _doomed(self, pod: PodRecord) -> bool:
+        """Terminating, or on a deleted node: its address may be given to a live pod."""
+        return pod.deleted_at is not None or pod.node in self._nodes_gone
+
     def _verdict(self, pod: PodRecord, now: float) -> Verdict:
+        if pod.node in self._nodes_gone:
+            # The node is gone, and its drain taint with it, while its pods read Running and Ready until the
+            # pod garbage collector deletes them: draining, with the deadline now, not gone. Gone would make them
+            # missing hosts, which the driver keeps for --host-missing-grace (longer, as the last holders of the
+            # newest commit), on discovery's word; draining says why, starts nothing there, and removes the
+            # workers there one deadline margin after the driver learns of it. No later than now: the instance
+            # behind a deleted node is usually gone already.
+            since = self._nodes_gone[pod.node]
+            if since is None:
+                since = self._nodes_gone[pod.node] = now
+            return draining(f"node {pod.node} deleted", since)
         if pod.deleted_at is not None:
             return draining("pod deleted", pod.deleted_at)
         if pod.disruption is not None:

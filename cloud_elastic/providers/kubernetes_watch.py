@@ -234,6 +234,7 @@ class ResourceWatch:
         #: The stream (or a relist) showed the server healthy since the last failure: the back-off starts again.
         self._proven = False
         self._warned_not_event = False  # the WARNING of the present outage for an answer that is not an event
+        self._refused = False  # its first list failed (refused()): start() lists before it watches
         #: The resourceVersion the next watch starts from (of the last list or event).
         self.resource_version: str | None = None
         #: Counters, for tests and benchmarks: lists made (the first included), watch requests, events.
@@ -331,10 +332,19 @@ class ResourceWatch:
     # -- watch ---------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Watch on a daemon thread from the version of the last :meth:`sync`."""
+        """Watch on a daemon thread from the version of the last :meth:`sync`; after :meth:`refused`, list first,
+        retried with the watch's back-off until a list succeeds."""
         self._heard = time.time()  # silence counts from here: what changed since the list comes with the first lines
-        self._thread = threading.Thread(target=self._run, name=f"k8s-watch-{self.what}", daemon=True)
+        self._thread = threading.Thread(target=self._run, args=(self._refused,), name=f"k8s-watch-{self.what}",
+                                        daemon=True)
         self._thread.start()
+
+    def refused(self, why: str) -> float:
+        """The first :meth:`sync` failed (``why``): the watch is down from now (:meth:`trouble`) until a list
+        started by :meth:`start` succeeds. Returns the outage's start."""
+        self._refused = True
+        self._trouble = (time.time(), why)
+        return self._trouble[0]
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """End the watch: the open stream is shut so its read returns now. Idempotent."""
@@ -367,9 +377,8 @@ class ResourceWatch:
             return self._heard, f"no word from the API server for {quiet:.0f} s (a stalled connection?)"
         return trouble
 
-    def _run(self) -> None:
+    def _run(self, relist: bool = False) -> None:
         delay = _BACKOFF_FIRST_S
-        relist = False
         while not self._stop.is_set():
             try:
                 if relist:
@@ -380,9 +389,15 @@ class ResourceWatch:
                             return
                     changed = self.sync()
                     relist = False
+                    first, self._refused = self._refused, False
+                    if first:  # not a watch resumed: one whose first list succeeded at last
+                        self._trouble = self._resuming = None
+                        _log.info("%s listed at last, at version %s: watching from it", self.what,
+                                  self.resource_version)
                     self._healthy()  # the view is the server's, as of now
-                    _log.info("%s watch: resourceVersion expired (410 Gone); relisted %s at version %s",
-                              self.what, self.what, self.resource_version)
+                    if not first:
+                        _log.info("%s watch: resourceVersion expired (410 Gone); relisted %s at version %s",
+                                  self.what, self.what, self.resource_version)
                     if changed:
                         self._on_news()
                 held = self._watch_once()

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import getpass
 import os
+import pwd
+import shutil
 import signal
 import socket
 import subprocess
@@ -74,10 +76,16 @@ class Pod:
     until it is ready, ``stop()`` kills whatever is left."""
 
     def __init__(self, tmp: Path, env: dict[str, str], *, key: Path | None = None, port: int | None = None,
-                 address: str = "127.0.0.1"):
+                 address: str = "127.0.0.1", user: pwd.struct_passwd | None = None):
         """``key``: the driver's private key (made here when None; its ``.pub`` beside it is the
-        authorized key). ``address``: where sshd listens (the pod IP)."""
-        self.tmp, self.address = tmp, address
+        authorized key). ``address``: where sshd listens (the pod IP). ``user``: run the script as this
+        account (setpriv, its group as the pod's fsGroup), a copy of it from ``tmp`` as the ConfigMap mounts it;
+        ``tmp`` must then be open to that user. Else as whoever runs the tests."""
+        self.tmp, self.address, self.user = tmp, address, user
+        self.script = SCRIPT
+        if user is not None:
+            self.script = Path(shutil.copy(SCRIPT, tmp / SCRIPT.name))
+            self.script.chmod(0o644)
         self._own_port = port is None  # start() may move to another port while one it picked was taken
         self.key = key or tmp / "id_ed25519"
         tmp.mkdir(parents=True, exist_ok=True)
@@ -111,7 +119,7 @@ class Pod:
         self.ready = self.tmp / "run" / "ready"
         self.ready.unlink(missing_ok=True)  # a killed earlier start's: the script removes it only once it runs
         with open(self.log, "wb") as log:
-            self.proc = subprocess.Popen(["/bin/sh", str(SCRIPT)], env=self.env, stdout=log, stderr=subprocess.STDOUT,
+            self.proc = subprocess.Popen([*self.as_user(), "/bin/sh", str(self.script)], env=self.env, stdout=log, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, start_new_session=True)
         wait_for(lambda: self.ready.exists() or self.proc.poll() is not None, 15, "the pod is ready")
         if self.proc.poll() is not None and f"Bind to port {self.port} on {self.address} failed" in self.log.read_text():
@@ -120,12 +128,19 @@ class Pod:
         assert listening(self.port, self.address), "ready before sshd listens"
         return self
 
+    def as_user(self) -> list[str]:
+        """The command prefix that runs what follows as :attr:`user` (nothing without one)."""
+        if self.user is None:
+            return []
+        uid, gid = self.user.pw_uid, self.user.pw_gid
+        return ["setpriv", f"--reuid={uid}", f"--regid={gid}", f"--groups={gid}", "--"]
+
     def ssh(self, command: str, key: Path | None = None, **kwargs) -> subprocess.Popen:
         return subprocess.Popen(
             ["ssh", "-F", "/dev/null", "-T", "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes",
              "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR",
              "-o", "ConnectTimeout=5", "-i", str(key or self.key), "-p", str(self.port),
-             f"{getpass.getuser()}@{self.address}", command],
+             f"{self.user.pw_name if self.user else getpass.getuser()}@{self.address}", command],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, **kwargs)
 
     def run(self, command: str, key: Path | None = None) -> tuple[int, str, str]:

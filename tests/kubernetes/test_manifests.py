@@ -5,6 +5,7 @@ check can fail)."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 
@@ -13,7 +14,7 @@ import pytest
 from cloud_elastic.cli import cli
 from cloud_elastic.providers.selection import DiscoveryArgs
 
-from .manifests import (CHECKS, DEPLOY, KUBERNETES_VERSIONS, OVERLAYS, REPO, driver_job, flag, render,
+from .manifests import (CHECKS, DEPLOY, KUBERNETES_VERSIONS, OVERLAYS, READ_VERBS, REPO, driver_job, flag, render,
                         resolved_args, schema_problems)
 from .objects import kind_name, of_kind, pod_spec
 
@@ -63,7 +64,8 @@ def test_a_restarted_worker_container_is_not_ready_before_its_sshd_listens(tmp_p
     run_dir, keys = tmp_path / "run", tmp_path / "authorized_keys"
     run_dir.mkdir()
     (run_dir / "ready").touch()  # the last container's
-    (run_dir / "host_ed25519").write_text("the pod's host key")  # kept too: no key generation
+    (run_dir / "private").mkdir(mode=0o700)
+    (run_dir / "private" / "host_ed25519").write_text("the pod's host key")  # kept too: no key generation
     keys.write_text("ssh-ed25519 AAAA driver")
     sshd = tmp_path / "sshd"
     sshd.write_text(f'#!/bin/sh\ntest -e {run_dir}/ready && echo ready >> {tmp_path}/seen; exit 1\n')
@@ -75,6 +77,15 @@ def test_a_restarted_worker_container_is_not_ready_before_its_sshd_listens(tmp_p
     assert done.returncode == 1
     assert not (tmp_path / "seen").exists(), "the old ready file was there while sshd was not listening"
     assert not (run_dir / "ready").exists()
+
+
+def test_the_docs_name_the_rbac_verbs_the_manifests_grant():
+    """Review h3: docs/kubernetes.md said the tests check RBAC "exactly get, list and watch", and the manifests
+    grant list and watch only (the driver reads no object by name)."""
+    text = " ".join((REPO / "docs" / "kubernetes.md").read_text().split())
+    claimed = re.search(r"RBAC exactly (.+?) on pods", text)
+    assert claimed is not None, "docs/kubernetes.md no longer says which verbs the tests check"
+    assert set(re.split(r",\s*|\s+and\s+", claimed[1])) == READ_VERBS, claimed[0]
 
 
 def _cluster_rbac(objects) -> dict[str, dict]:

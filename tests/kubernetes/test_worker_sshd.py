@@ -10,10 +10,16 @@ paths pointed into a temporary directory through its settings.
 from __future__ import annotations
 
 import os
+import pwd
+import shutil
 import signal
 import socket
+import stat
 import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 
@@ -119,3 +125,65 @@ def test_a_port_another_process_holds_is_never_ready_and_the_pod_fails_with_sshd
         assert proc.returncode != 0, out
         assert not (pod.tmp / "run" / "ready").exists(), f"Ready while another process held sshd's port:\n{out}"
         assert f"Bind to port {pod.port} on {pod.address} failed" in out, out
+
+
+def _pod_user() -> pwd.struct_passwd:
+    """The account the pods run as (uid 1000), or else another non-root one with a login shell: sshd runs and
+    logs in only a user it finds by name."""
+    try:
+        return pwd.getpwuid(1000)
+    except KeyError:
+        pass
+    shells = set(Path("/etc/shells").read_text().split()) if Path("/etc/shells").exists() else set()
+    for entry in pwd.getpwall():
+        if 1000 <= entry.pw_uid < 65534 and entry.pw_shell in shells:
+            return entry
+    pytest.skip("no non-root account with a login shell to run the script as")
+
+
+@pytest.fixture
+def pod_as_the_pods_user():
+    """A pod whose script runs as a non-root user over a sshd-runtime directory as the kubelet makes an emptyDir
+    with the pod's fsGroup: owned by root, the fsGroup's, mode 2777."""
+    need_sshd()
+    if os.geteuid() != 0:
+        pytest.skip("needs root (as in CI), to own the emptyDir and to run the script as another user")
+    user = _pod_user()
+    tmp = Path(tempfile.mkdtemp(prefix="cloud-elastic-pod-"))  # pytest's tmp_path is closed to other users
+    tmp.chmod(0o755)
+    started = Pod(tmp, {**os.environ}, user=user)
+    run_dir = tmp / "run"
+    run_dir.mkdir()
+    os.chown(run_dir, 0, user.pw_gid)
+    run_dir.chmod(0o2777)
+    yield started
+    started.stop()
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_as_the_pods_user_over_the_kubelets_emptydir_sshd_starts_and_its_key_stays_private(pod_as_the_pods_user):
+    """Review h3: the script's `chmod 700` of that directory, which its user does not own, failed, and under
+    `set -e` every worker container exited 1 before sshd started (CrashLoopBackOff). Here sshd comes up, the
+    driver's key logs in, the host key is in a directory only the pod's user can enter, and on SIGTERM the
+    script skips a process of another user (whose environment it cannot read) without a word."""
+    pod = pod_as_the_pods_user
+    pod.start()
+    rc, out, err = pod.run("id -u")
+    assert (rc, out.strip()) == (0, str(pod.user.pw_uid)), err
+    private = pod.tmp / "run" / "private"
+    mode = private.lstat()
+    assert stat.S_ISDIR(mode.st_mode) and mode.st_uid == pod.user.pw_uid and mode.st_mode & 0o777 == 0o700
+    assert (private / "host_ed25519").stat().st_size > 0
+    assert not (pod.tmp / "run" / "host_ed25519").exists(), "the host key is in the world-writable directory"
+    # Another user's process that looks like a worker's wrapper: its /proc/N/environ is not the pod user's to read.
+    stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)",
+                                 "cloud_elastic.driver.launch.ssh_remote"], env={"PATH": os.environ["PATH"]})
+    try:
+        pod.proc.send_signal(signal.SIGTERM)
+        assert pod.proc.wait(15) == 0, pod.log.read_text()
+        assert stranger.poll() is None
+    finally:
+        stranger.kill()
+        stranger.wait(10)
+    log = pod.log.read_text()
+    assert "no worker left: exiting" in log and "Permission denied" not in log, log

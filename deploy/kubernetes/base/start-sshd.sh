@@ -17,8 +17,8 @@
 #
 # Settings (environment): CLOUD_ELASTIC_SSHD_PORT (2222), CLOUD_ELASTIC_SSHD_LISTEN (0.0.0.0: an
 # IPv4 address, e.g. the pod IP from the downward API), CLOUD_ELASTIC_AUTHORIZED_KEYS
-# (/etc/cloud-elastic/ssh/authorized_keys), CLOUD_ELASTIC_SSHD_DIR (/run/cloud-elastic/sshd:
-# host key, configuration, the ready file), CLOUD_ELASTIC_SSHD (/usr/sbin/sshd).
+# (/etc/cloud-elastic/ssh/authorized_keys), CLOUD_ELASTIC_SSHD_DIR (/run/cloud-elastic/sshd: the
+# ready file; the host key and configuration in its private/), CLOUD_ELASTIC_SSHD (/usr/sbin/sshd).
 set -eu
 
 PORT=${CLOUD_ELASTIC_SSHD_PORT:-2222}
@@ -38,19 +38,28 @@ if [ ! -r "$KEYS" ]; then
     exit 1
 fi
 mkdir -p "$DIR"
-chmod 700 "$DIR"
+# sshd's host key and configuration are for this user alone, in a directory of its own made mode
+# 700 here. Not $DIR itself: the kubelet makes an emptyDir owned by root, mode 0777 (2777 with the
+# pod's fsGroup), which this user may write in but not chmod (under `set -e` that killed every
+# container before sshd started). The ready file stays in $DIR, where the probe looks.
+PRIVATE=$DIR/private
+mkdir -m 700 "$PRIVATE" 2>/dev/null || true
+if [ -L "$PRIVATE" ] || [ ! -d "$PRIVATE" ] || [ ! -O "$PRIVATE" ] || ! chmod 700 "$PRIVATE"; then
+    log "$PRIVATE is not a directory of this user's (uid $(id -u)): remove it"
+    exit 1
+fi
 # A host key of the pod's own, kept for its life (an emptyDir survives a container restart): a
 # replaced pod is a new host with a new key, and the driver forgets the key it recorded for a
 # recycled pod IP when a new pod stands behind it (docs/ssh.md, "Known hosts").
-if [ ! -s "$DIR/host_ed25519" ]; then
-    rm -f "$DIR/host_ed25519" "$DIR/host_ed25519.pub"
-    ssh-keygen -q -t ed25519 -N '' -C "$(hostname)" -f "$DIR/host_ed25519"
+if [ ! -s "$PRIVATE/host_ed25519" ]; then
+    rm -f "$PRIVATE/host_ed25519" "$PRIVATE/host_ed25519.pub"
+    ssh-keygen -q -t ed25519 -N '' -C "$(hostname)" -f "$PRIVATE/host_ed25519"
 fi
 
-cat > "$DIR/sshd_config" <<EOF
+cat > "$PRIVATE/sshd_config" <<EOF
 Port $PORT
 ListenAddress $LISTEN
-HostKey $DIR/host_ed25519
+HostKey $PRIVATE/host_ed25519
 PidFile none
 # The key file is a read-only Secret volume, whose mount directory is a world-writable tmpfs:
 # StrictModes would refuse it, and nobody but the kubelet can write it.
@@ -76,7 +85,7 @@ EOF
 # SetEnv it reads), a quoted NAME=VALUE a variable. Variables that
 # describe the login (HOME, USER, ...) are sshd's to set; a value that sshd's configuration
 # cannot carry (a double quote, a backslash, a line break) is left out and named.
-python3 - "$DIR/sshd_config" <<'EOF'
+python3 - "$PRIVATE/sshd_config" <<'EOF'
 import os
 import re
 import sys
@@ -97,8 +106,8 @@ if skipped:
     print(f"[start-sshd] not passed to sessions (a quote, backslash or line break in the value): {' '.join(skipped)}", file=sys.stderr)
 EOF
 
-"$SSHD" -t -f "$DIR/sshd_config"
-"$SSHD" -D -e -f "$DIR/sshd_config" &
+"$SSHD" -t -f "$PRIVATE/sshd_config"
+"$SSHD" -D -e -f "$PRIVATE/sshd_config" &
 SSHD_PID=$!
 
 # The remote wrapper of each worker the driver started through this sshd: a
@@ -110,7 +119,9 @@ wrappers() {
     # Their pids, one a line (a restarted driver's `--attach` relays included).
     for dir in /proc/[0-9]*; do
         grep -q 'cloud_elastic[.]driver[.]launch[.]ssh_remote' "$dir/cmdline" 2>/dev/null || continue
-        if tr '\0' '\n' < "$dir/environ" 2>/dev/null | grep -q "^SSH_CONNECTION=.* $SERVER $PORT\$"; then
+        # 2>/dev/null before the `<`: the shell opens the file, and says so when it may not (another
+        # user's process); redirections apply left to right.
+        if tr '\0' '\n' 2>/dev/null < "$dir/environ" | grep -q "^SSH_CONNECTION=.* $SERVER $PORT\$"; then
             echo "${dir#/proc/}"
         fi
     done
@@ -124,7 +135,7 @@ pass_on_term() {
     for pid in $1; do
         case "$SIGNALLED" in *" $pid "*) continue ;; esac
         SIGNALLED="$SIGNALLED$pid "
-        tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null | grep -q 'ssh_remote --attach' && continue
+        tr '\0' ' ' 2>/dev/null < "/proc/$pid/cmdline" | grep -q 'ssh_remote --attach' && continue
         kill -TERM "$pid" 2>/dev/null || true
     done
 }
