@@ -60,9 +60,8 @@ AWS_DRIVER_ACTIONS = {
     "autoscaling:RecordLifecycleActionHeartbeat",
     "sqs:ReceiveMessage",
     "sqs:DeleteMessage",
-    "sqs:GetQueueAttributes",
 }
-AWS_QUEUE_SCOPED_ACTIONS = {"sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:GetQueueAttributes"}
+AWS_QUEUE_SCOPED_ACTIONS = {"sqs:ReceiveMessage", "sqs:DeleteMessage"}
 # The events queue mode reads (the issue): detail-type -> source.
 AWS_NOTICE_EVENTS = {
     "EC2 Spot Instance Interruption Warning": "aws.ec2",
@@ -215,6 +214,9 @@ def _azure_workers_spot(tree: Tree) -> list[str]:
     p.expect(price_ref.startswith("var."), "workers: max_bid_price must come from a variable")
     price = _value(m, vmss.get("max_bid_price"), p, "max price")
     p.expect(price == -1 or (isinstance(price, (int, float)) and price > 0), f"workers: max price default {price!r}")
+    # Without Try & restore a scale set does not replace an evicted Spot VM: the group only shrinks.
+    restore = block(vmss, "spot_restore") or {}
+    p.expect(restore.get("enabled") is True, "workers: spot_restore must be enabled, or evicted workers are never replaced")
     return p
 
 

@@ -7,13 +7,15 @@ the offline provider mirror exists (AWS), ``terraform validate``.
 from __future__ import annotations
 
 import re
+import shutil
 
 import pytest
 
 from cloud_elastic.providers.selection import source_specs
 
+from .conftest import init
 from .conventions import call_problems, variable_problems, version_problems
-from .hcl import TERRAFORM_DIR, Module
+from .hcl import TERRAFORM_DIR, Module, reference
 
 pytestmark = [pytest.mark.terraform, pytest.mark.timeout(60)]
 
@@ -95,6 +97,46 @@ def test_gcp_two_spot_migs_and_an_on_demand_fallback_at_zero_that_only_the_drive
     assert role["permissions"] == ["compute.instanceGroupManagers.update"]
     grant = m.resource("google_project_iam_member", "driver_resize_fallback")
     assert "google_compute_instance_group_manager.fallback.name" in str(grant["condition"])
+
+
+def test_gcp_fallback_template_names_its_region():
+    """Its subnetwork is a bare name ("default"), which Compute Engine resolves in the template's region; the
+    provider block sets only the project, so without a region of its own the template cannot be created."""
+    template = Module.load(EXAMPLES["gcp"]).resource("google_compute_instance_template", "on_demand")
+    assert "var.zone" in str(reference(template.get("region"))), template.get("region")
+
+
+def _gcp_variables_root(tmp_path, terraform, outputs: str = ""):
+    """The GCP example's variables alone (no provider: init has nothing to fetch), to plan them with Terraform."""
+    shutil.copy(EXAMPLES["gcp"] / "variables.tf", tmp_path / "variables.tf")
+    (tmp_path / "outputs.tf").write_text(outputs)
+    empty = tmp_path / "no-plugins"
+    empty.mkdir()
+    init(terraform, empty, tmp_path)
+    return lambda *args: terraform.run(
+        "plan", "-input=false", "-var=project=my-project", "-var=ssh_public_key=k", "-var=admin_ssh_cidrs=[]", *args,
+        cwd=tmp_path)
+
+
+@pytest.mark.timeout(120)
+def test_gcp_fallback_region_is_the_zones_region(terraform, tmp_path):
+    expr = reference(Module.load(EXAMPLES["gcp"]).resource("google_compute_instance_template", "on_demand").get("region"))
+    assert expr, "the on-demand template sets no region"
+    plan = _gcp_variables_root(tmp_path, terraform, f'output "region" {{\n  value = {expr}\n}}\n')
+    result = plan("-var=zone=europe-west4-b", "-var=spot_b_zone=europe-west4-a")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert re.search(r'region\s*=\s*"europe-west4"', result.stdout), result.stdout
+
+
+@pytest.mark.timeout(120)
+def test_gcp_spot_b_zone_must_be_in_the_region_of_zone(terraform, tmp_path):
+    """The workers' templates use the subnetwork of zone's region: a MIG in another region cannot use them."""
+    plan = _gcp_variables_root(tmp_path, terraform)
+    result = plan("-var=zone=us-central1-a", "-var=spot_b_zone=us-east1-b")
+    output = result.stdout + result.stderr
+    assert result.returncode != 0 and "spot_b_zone must be in the region of zone" in output, output
+    result = plan("-var=zone=us-central1-a", "-var=spot_b_zone=us-central1-c")
+    assert result.returncode == 0, result.stdout + result.stderr
 
 
 @pytest.mark.timeout(120)

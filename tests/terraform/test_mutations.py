@@ -59,6 +59,8 @@ MUTATIONS = [
              'on_host_maintenance         = "MIGRATE"', prop("workers_spot", "gcp")),
     Mutation("azure-regular-workers", AZURE + "main.tf", 'priority        = "Spot"', 'priority        = "Regular"',
              prop("workers_spot", "azure")),
+    Mutation("azure-no-spot-restore", AZURE + "main.tf", "  spot_restore {\n    enabled = true",
+             "  spot_restore {\n    enabled = false", prop("workers_spot", "azure")),
     Mutation("azure-fixed-max-price", AZURE + "main.tf", "max_bid_price   = var.max_price", "max_bid_price   = 0.5",
              prop("workers_spot", "azure")),
     Mutation("ibm-spot-statement-dropped", "docs/terraform.md",
@@ -196,7 +198,7 @@ MUTATIONS = [
              prop("notice_queue", "aws")),
     Mutation("aws-sqs-on-any-queue", AWS + "iam.tf", "resources = [aws_sqs_queue.notices.arn]", 'resources = ["*"]',
              prop("driver_permissions", "aws")),
-    Mutation("aws-driver-may-send", AWS + "iam.tf", '"sqs:GetQueueAttributes",', '"sqs:GetQueueAttributes",\n      "sqs:SendMessage",',
+    Mutation("aws-driver-may-send", AWS + "iam.tf", '"sqs:DeleteMessage",', '"sqs:DeleteMessage",\n      "sqs:SendMessage",',
              prop("driver_permissions", "aws")),
     Mutation("aws-cli-without-notice-queue", AWS + "outputs.tf", "--aws-notice-queue ${aws_sqs_queue.notices.url} ", "",
              prop("cli_outputs", "aws")),
@@ -235,8 +237,8 @@ MUTATIONS = [
              'required_version = ">= 1.9, < 2.0"\n\n  backend "s3" {}', module_check(version_problems, "modules/ibm")),
     Mutation("readme-stale-output", AWS + "outputs.tf", 'output "driver_address" {', 'output "driver_host" {',
              lambda tree: readme_problems(tree, "aws")),
-    Mutation("example-unknown-argument", "terraform/examples/gcp/main.tf", "  target_size      = var.workers\n",
-             "  size             = var.workers\n", lambda tree: example_problems(tree, "gcp")),
+    Mutation("example-unknown-argument", "terraform/examples/gcp/main.tf", "  target_size        = var.workers\n",
+             "  size               = var.workers\n", lambda tree: example_problems(tree, "gcp")),
 ]
 
 

@@ -7,7 +7,7 @@ import re
 import pytest
 
 from .conventions import example_problems, readme_problems, variable_problems, version_problems
-from .hcl import CLOUDS, TERRAFORM_DIR, Module, Tree, blocks, reference
+from .hcl import CLOUDS, REPO, TERRAFORM_DIR, Module, Tree, blocks, reference
 from .properties import CHECKS, NOT_APPLICABLE, PROPERTIES
 
 pytestmark = pytest.mark.terraform
@@ -57,6 +57,17 @@ def test_aws_readme_lists_exactly_the_driver_policys_actions(tree):
     driver = re.search(r"^- \*\*Driver\*\*.*?(?=^- \*\*|^#)", tree.readme("aws"), re.S | re.M)
     assert driver, "modules/aws/README.md has no **Driver** item"
     assert set(re.findall(r"`([a-z0-9]+:[A-Za-z]+)`", driver.group(0))) == granted
+
+
+def test_every_action_the_aws_driver_may_take_is_one_the_code_calls(tree):
+    """A grant nothing calls only widens what the driver's credentials allow (sqs:GetQueueAttributes once).
+    boto3 names each call after its action; SQS authorises a batch call with the single call's action."""
+    statements = blocks(tree.module("aws").data("aws_iam_policy_document", "driver"), "statement")
+    granted = {action for s in statements for action in s.get("actions", [])}
+    code = "\n".join(path.read_text() for path in (REPO / "cloud_elastic").rglob("*.py"))
+    unused = {a for a in granted
+              if not re.search(rf"\b{re.sub(r'(?<!^)(?=[A-Z])', '_', a.split(':')[1]).lower()}(_batch)?\b", code)}
+    assert not unused, f"the driver may call what cloud_elastic never calls: {sorted(unused)}"
 
 
 @pytest.mark.parametrize("cloud", CLOUDS)

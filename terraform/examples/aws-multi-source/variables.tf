@@ -50,12 +50,12 @@ variable "spot_a_instance_types" {
 
 variable "spot_b_instance_types" {
   type        = list(string)
-  description = "Instance types of the second Spot group (one GPU each): other pools than the first's."
-  default     = ["g4dn.xlarge", "g6e.xlarge"]
+  description = "Instance types of the second Spot group (one GPU each): other pools than the first's, with the same GPU memory and features as spot_a_instance_types and the fallback (a job sized for 24 GiB fails on a 16 GiB T4, which also lacks bf16). The default: larger sizes of the same A10G and L4 (24 GiB, bf16)."
+  default     = ["g5.2xlarge", "g6.2xlarge"]
 
   validation {
     condition     = length(var.spot_b_instance_types) >= 1 && alltrue([for t in var.spot_b_instance_types : can(regex("^[a-z][a-z0-9-]*\\.[a-z0-9]+$", t))])
-    error_message = "spot_b_instance_types must hold instance types such as g4dn.xlarge."
+    error_message = "spot_b_instance_types must hold instance types such as g6.2xlarge."
   }
 }
 

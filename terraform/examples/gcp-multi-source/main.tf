@@ -23,20 +23,21 @@ provider "google" {
 module "cloud_elastic" {
   source = "../../modules/gcp"
 
-  cluster_name     = var.cluster_name
-  project          = var.project
-  zones            = [var.zone]
-  network          = "default"
-  subnetwork       = "default"
-  gpu_machine_type = var.gpu_machine_type
-  gpu_type         = var.gpu_type
-  target_size      = var.workers
-  max_size         = var.max_workers
-  ssh_public_key   = var.ssh_public_key
-  admin_ssh_cidrs  = var.admin_ssh_cidrs
-  worker_public_ip = true
-  driver_public_ip = true
-  setup_commands   = var.setup_commands
+  cluster_name       = var.cluster_name
+  project            = var.project
+  zones              = [var.zone]
+  network            = "default"
+  subnetwork         = "default"
+  gpu_machine_type   = var.gpu_machine_type
+  gpu_type           = var.gpu_type
+  target_size        = var.workers
+  max_size           = var.max_workers
+  ssh_public_key     = var.ssh_public_key
+  admin_ssh_cidrs    = var.admin_ssh_cidrs
+  worker_public_ip   = true
+  driver_public_ip   = true
+  setup_commands     = var.setup_commands
+  worker_torch_index = var.worker_torch_index
 }
 
 # A second Spot pool: the module's template, in another zone.
@@ -57,10 +58,13 @@ resource "google_compute_instance_group_manager" "spot_b" {
 }
 
 # The fallback's template: the same workers on STANDARD (on-demand) capacity.
+# Its subnetwork is a bare name, resolved in the template's region (the
+# provider sets none): zone's, as the module's template does.
 resource "google_compute_instance_template" "on_demand" {
   name_prefix  = "${var.cluster_name}-worker-od-"
   description  = "cloud-elastic on-demand fallback workers of ${var.cluster_name}"
   project      = var.project
+  region       = regex("^(.*)-[a-z]$", var.zone)[0]
   machine_type = var.gpu_machine_type
 
   scheduling {

@@ -21,12 +21,18 @@ variable "zone" {
 
 variable "spot_b_zone" {
   type        = string
-  description = "Zone of the second Spot MIG: another pool than the first's."
+  description = "Zone of the second Spot MIG: another pool than the first's, in the region of zone (the workers' templates use that region's subnetwork)."
   default     = "us-central1-b"
 
   validation {
     condition     = can(regex("^[a-z]+-[a-z]+[0-9]-[a-z]$", var.spot_b_zone))
     error_message = "spot_b_zone must be a GCP zone such as us-central1-b."
+  }
+
+  validation {
+    # A malformed zone fails the checks above; this one compares regions only.
+    condition     = try(regex("^(.*)-[a-z]$", var.spot_b_zone)[0] == regex("^(.*)-[a-z]$", var.zone)[0], true)
+    error_message = "spot_b_zone must be in the region of zone (the workers' templates use that region's subnetwork), such as us-central1-b for zone us-central1-a."
   }
 }
 
@@ -96,4 +102,10 @@ variable "setup_commands" {
   type        = string
   description = "Shell commands every VM runs at first boot, in the SSH user's home directory, to fetch the training code, e.g. \"git clone https://github.com/you/train.git\"; \"\" (the default): the code is on the image."
   default     = ""
+}
+
+variable "worker_torch_index" {
+  type        = string
+  description = "pip index the workers install torch from; the default, PyTorch's CUDA 12.6 index, suits the module's default worker image (a CUDA 12 driver). \"\" is PyPI's CUDA 13 build, for an image with an NVIDIA driver R580 or newer."
+  default     = "https://download.pytorch.org/whl/cu126"
 }

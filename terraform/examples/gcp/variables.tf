@@ -42,3 +42,9 @@ variable "setup_commands" {
   description = "Shell commands every VM runs at first boot, in the SSH user's home directory, to fetch the training code, e.g. \"git clone https://github.com/you/train.git\"; \"\" (the default): the code is on the image."
   default     = ""
 }
+
+variable "worker_torch_index" {
+  type        = string
+  description = "pip index the workers install torch from; the default, PyTorch's CUDA 12.6 index, suits the module's default worker image (a CUDA 12 driver). \"\" is PyPI's CUDA 13 build, for an image with an NVIDIA driver R580 or newer."
+  default     = "https://download.pytorch.org/whl/cu126"
+}

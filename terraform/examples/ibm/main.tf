@@ -1,5 +1,6 @@
-# Example root: a VPC with a public gateway, an instance group of V100
-# workers and a CPU driver. See ../../docs/terraform.md.
+# Example root: a VPC with a public gateway, an instance group of L4
+# workers (the module's default gpu_profile) and a CPU driver. See
+# ../../docs/terraform.md.
 
 terraform {
   required_version = ">= 1.9, < 2.0"

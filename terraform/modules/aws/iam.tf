@@ -26,6 +26,8 @@ data "aws_iam_policy_document" "driver" {
       "autoscaling:DescribeAutoScalingGroups",
       "autoscaling:DescribeLifecycleHooks",
       "ec2:DescribeInstances",
+      # GPUs per instance type: used only by a run line without --slots-per-host
+      # (the module's cli_command has it); kept for such a line.
       "ec2:DescribeInstanceTypes",
     ]
     # These Describe calls support no resource-level permissions.
@@ -47,8 +49,7 @@ data "aws_iam_policy_document" "driver" {
     effect = "Allow"
     actions = [
       "sqs:ReceiveMessage",
-      "sqs:DeleteMessage",
-      "sqs:GetQueueAttributes",
+      "sqs:DeleteMessage", # also authorises DeleteMessageBatch, the call the driver makes
     ]
     resources = [aws_sqs_queue.notices.arn]
   }

@@ -58,6 +58,15 @@ resource "azurerm_linux_virtual_machine_scale_set" "workers" {
   eviction_policy = var.eviction_policy
   max_bid_price   = var.max_price
 
+  # Try & restore: without it the scale set never replaces an evicted Spot VM,
+  # and the group only shrinks. Azure retries for up to the timeout (2 hours,
+  # its longest) after an eviction; it is off in a scale set with autoscale.
+  # Both settings force a new scale set when changed.
+  spot_restore {
+    enabled = true
+    timeout = "PT2H"
+  }
+
   # Overprovisioned extra VMs would show up in discovery and then vanish.
   overprovision = false
   upgrade_mode  = "Manual"

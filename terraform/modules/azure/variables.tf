@@ -85,7 +85,7 @@ variable "gpu_image" {
 
 variable "eviction_policy" {
   type        = string
-  description = "What Azure does to an evicted Spot worker: Delete (the default: no disk charges, the scale set refills) or Deallocate."
+  description = "What Azure does to an evicted Spot worker: Delete (the default: no disk charges; the scale set's Try & restore, spot_restore in main.tf, then tries for up to 2 hours to bring the set back to its instance count with new VMs as Spot capacity returns, and after that the set stays smaller until you scale it) or Deallocate (the VM stays in the set, stopped, its disk billed)."
   default     = "Delete"
 
   validation {

@@ -28,6 +28,8 @@ resource "google_project_iam_custom_role" "discovery" {
     "compute.instanceGroupManagers.get",
     "compute.instances.get",
     "compute.instances.list",
+    # GPUs per machine type: used only by a run line without --slots-per-host
+    # (the module's cli_command has it); kept for such a line.
     "compute.machineTypes.get",
   ]
 }

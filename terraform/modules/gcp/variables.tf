@@ -203,8 +203,8 @@ variable "torch_spec" {
 
 variable "worker_torch_index" {
   type        = string
-  description = "pip index the workers install torch_spec from; \"\" (the default) is PyPI, whose torch 2.13 is a CUDA 13 build that needs an NVIDIA driver R580 or newer on a Turing or newer GPU. For an image with an older driver set a PyTorch index that holds torch_spec for an older CUDA, e.g. \"https://download.pytorch.org/whl/cu126\" The default gpu_image (pytorch-latest-cu121) has an older driver than that: check `nvidia-smi` on one worker or set this."
-  default     = ""
+  description = "pip index the workers install torch_spec from. The default, PyTorch's CUDA 12.6 index, suits the default gpu_image (pytorch-latest-cu121), whose NVIDIA driver is a CUDA 12 one, older than the R580 that PyPI's torch 2.13 (a CUDA 13 build) needs. \"\" is PyPI: for an image with an R580 or newer driver on a Turing or newer GPU."
+  default     = "https://download.pytorch.org/whl/cu126"
 }
 
 variable "checkpoint_bucket" {

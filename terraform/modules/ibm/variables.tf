@@ -45,12 +45,12 @@ variable "subnet_id" {
 
 variable "gpu_profile" {
   type        = string
-  description = "Instance profile of the GPU workers."
-  default     = "gx2-8x64x1v100"
+  description = "Instance profile of the GPU workers. The default, gx3-16x80x1l4, has one L4 (24 GiB): PyPI's torch (worker_torch_index \"\") is a CUDA 13 build that needs a Turing or newer GPU, so not the V100 of the gx2 profiles."
+  default     = "gx3-16x80x1l4"
 
   validation {
     condition     = can(regex("^[a-z0-9]+-[0-9]+x[0-9]+(x[0-9a-z]+)?$", var.gpu_profile))
-    error_message = "gpu_profile must be a profile name such as gx2-8x64x1v100."
+    error_message = "gpu_profile must be a profile name such as gx3-16x80x1l4."
   }
 }
 

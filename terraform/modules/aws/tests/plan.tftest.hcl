@@ -150,7 +150,6 @@ run "plan" {
       "autoscaling:RecordLifecycleActionHeartbeat",
       "sqs:ReceiveMessage",
       "sqs:DeleteMessage",
-      "sqs:GetQueueAttributes",
     ])
     error_message = "the driver policy must allow exactly the discovery, lifecycle and notice-queue actions"
   }
@@ -251,7 +250,7 @@ run "outputs_give_the_cli_line" {
   assert {
     condition = anytrue([
       for s in data.aws_iam_policy_document.driver.statement :
-      toset(s.resources) == toset([aws_sqs_queue.notices.arn]) && toset(s.actions) == toset(["sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:GetQueueAttributes"])
+      toset(s.resources) == toset([aws_sqs_queue.notices.arn]) && toset(s.actions) == toset(["sqs:ReceiveMessage", "sqs:DeleteMessage"])
     ])
     error_message = "the driver's queue permissions must be scoped to the notice queue"
   }
