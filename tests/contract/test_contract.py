@@ -148,7 +148,7 @@ def _ibm(request, tmp_path: Path) -> Case:
     from tests.emulator.fake_ibm import Member
 
     def scene(fake) -> DiscoveredHosts:
-        members = [Member(f"c{i}", ip=f"10.73.0.{i + 1}", profile="gx3-24x120x1l4") for i in range(3)]
+        members = [Member(f"c{i}", ip=f"10.73.0.{i + 1}", profile="gx3-16x80x1l4") for i in range(3)]
         members[2].membership = "deleting"
         fake.add_group("grp-contract", members)
         return DiscoveredHosts(ready={"10.73.0.1": 1, "10.73.0.2": 1},

@@ -47,7 +47,7 @@ class FakeIBM(FakeCloud):
         super().__init__()
         self.groups: dict[str, list[Member]] = {}
         # A GPU count, or "dependent" (the profile cannot say; the instance does).
-        self.profiles: dict[str, int | str] = {"gx2-16x128x2v100": 2, "gx3-24x120x1l4": 1, "bx2-4x16": 0,
+        self.profiles: dict[str, int | str] = {"gx2-16x128x2v100": 2, "gx3-16x80x1l4": 1, "bx2-4x16": 0,
                                                "gx3d-160x1792x8h100": "dependent"}
         self.tokens: set[str] = set()
         self.route("POST", "/identity/token", self._iam_token)

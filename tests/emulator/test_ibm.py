@@ -69,7 +69,7 @@ def test_stopped_instances_are_absent_and_logged_once(ibm, caplog):
 def test_the_instances_own_gpu_count_wins_over_its_profile(ibm, caplog):
     # gx3d-160x1792x8h100's profile gpu_count is "dependent": only the instance can say.
     ibm.add_group("grp-gpu", [Member("h", ip="10.62.0.1", profile="gx3d-160x1792x8h100", gpus=8),
-                              Member("l", ip="10.62.0.2", profile="gx3-24x120x1l4", gpus=1),
+                              Member("l", ip="10.62.0.2", profile="gx3-16x80x1l4", gpus=1),
                               Member("d", ip="10.62.0.3", profile="gx3d-160x1792x8h100")])
     caplog.set_level(logging.WARNING, logger="cloud_elastic")
     discovery = provider("ibm", ibm_options(ibm, "grp-gpu"))
@@ -90,7 +90,7 @@ def test_hosts_are_ordered_by_creation_instant_whatever_its_notation(ibm):
 
 
 def test_slots_from_profiles_looked_up_once_and_slots_per_host_wins(ibm):
-    ibm.add_group("grp-slots", [Member("a", ip="10.61.0.1", profile="gx3-24x120x1l4"),
+    ibm.add_group("grp-slots", [Member("a", ip="10.61.0.1", profile="gx3-16x80x1l4"),
                                 Member("b", ip="10.61.0.2", profile="bx2-4x16")])
     discovery = provider("ibm", ibm_options(ibm, "grp-slots"))
     assert discovery.find().ready == {"10.61.0.1": 1, "10.61.0.2": 1}
