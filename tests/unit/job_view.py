@@ -37,6 +37,7 @@ class FakeJob:
         self.state_committed = False
         self.resumed = False
         self.last_failure = ""
+        self.abort_reason = ""
         self.failure_since_round = False
         self.commit_high = 0
         self.commit_base: int | None = None

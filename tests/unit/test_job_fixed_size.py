@@ -364,6 +364,21 @@ def test_a_command_that_never_connects_succeeds_when_every_worker_exits_0() -> N
     assert "worker_failed" not in kinds(sim) and not sim.blocked("a[0]") and not sim.blocked("a[1]")
 
 
+def test_a_command_that_never_connects_says_how_many_ran_it_beyond_np() -> None:
+    """Review h4 (2026-12-01): ``-np 2 --spares 1`` on three slots ran ``hostname`` three times, and said only
+    "every worker (3)": a spare is not counted in -np, but it runs the command as every launched worker does (no
+    worker can be known a plain command's before one exits)."""
+    sim = Sim(2, spares=1)
+    sim.discover({"a": 3})
+    assert sim.slots_launched() == ["a[0]", "a[1]", "a[2]"]
+    for slot in ("a[0]", "a[1]", "a[2]"):
+        sim.exit(slot, CLEAN)
+    assert sim.outcome == Finish(True, "every worker (3) exited with code 0 without ever connecting to the driver "
+                                       "(its command never called hvd.init()): the job ran it as a plain command "
+                                       "(nothing elastic happened); 1 of them beyond -np 2: every worker launched "
+                                       "runs it, on the slots of --max-np and --spares too", 0)
+
+
 @pytest.mark.parametrize("order", ["unreached first", "plain exit first"])
 def test_a_plain_command_waits_for_a_booting_host_and_runs_once_a_slot(order) -> None:
     """A review's plain command on two hosts, one whose sshd came up 6 s late: the SSH failure made the job "mixed",

@@ -115,6 +115,35 @@ def test_a_spare_that_fails_while_waiting_is_blacklisted_and_replaced_and_the_ro
     assert [e["ready"] for e in spares_events(sim)] == [1, 0, 1]
 
 
+def test_a_rollback_names_the_member_that_failed_not_a_spare_that_failed_beside_it() -> None:
+    # Found by review (h4, 2026-12-01): a member and the waiting spare killed together; the rollback event said
+    # "worker d[0]#4 (not yet ranked) killed by signal 9", the spare that aborted nothing.
+    sim = with_spare(ready={**FOUR, "e": 1})
+    sim.commit("a[0]", "b[0]", "c[0]")
+    sim.exit("c[0]", KILLED)
+    sim.exit("d[0]", KILLED)
+    sim.join("a[0]", "b[0]", reason="failure")
+    sim.advance(1)
+    (rollback,) = [f for kind, f in sim.events if kind == "rollback"]
+    assert rollback["reason"].startswith(f"worker {sim.id('c[0]')} "), rollback
+
+
+def test_a_job_whose_state_is_lost_launches_no_replacement_spare() -> None:
+    # Found by review (h4, 2026-12-01): -np 2 --spares 2, both members killed at once, no --checkpoint-dir: the job
+    # failed "training state lost" and, in the same step, launched a worker in a spare's place.
+    sim = Sim(2, spares=2, min_np=1)
+    sim.discover({"a": 1, "b": 1, "c": 1, "d": 1, "e": 1, "f": 1})
+    assert_round(sim.join("a[0]", "b[0]"), 1, needs_sync=True)
+    sim.join("c[0]", "d[0]")
+    sim.commit("a[0]", "b[0]")
+    sim.advance(1)
+    sim.exit("a[0]", KILLED)  # b still holds the state: a spare takes a's place, and e starts in the spare's
+    launched = len(sim.launched)
+    sim.exit("b[0]", KILLED)  # the last holder
+    assert sim.outcome is not None and sim.outcome.reason.startswith("training state lost"), sim.outcome
+    assert len(sim.launched) == launched, sim.slots_launched()[launched:]
+
+
 def test_a_spare_drained_before_it_took_its_place_in_the_recovery_round_still_joins_then_leaves_at_a_commit(
         ) -> None:
     sim = with_spare()

@@ -123,6 +123,26 @@ def test_a_spare_on_a_soft_noticed_host_leaves_once_its_healthy_replacement_is_r
     assert sim.poll("a[0]").update_gen == 0 and len(sim.launched) == 4  # the round went on; nothing relaunched
 
 
+def test_a_spare_whose_host_misses_one_discovery_answer_is_kept_and_the_newest_leaves_when_it_is_back() -> None:
+    # Found by review (h4, 2026-12-01): a host missing from one answer is kept for --host-missing-grace, but its
+    # spare was sent away as soon as its replacement was ready: every glitch of a listing API cost a worker start.
+    sim = Sim(2, spares=1, min_np=1, missing_grace=10.0)
+    sim.discover({"a": 1, "b": 1, "c": 1})
+    assert_round(sim.join("a[0]", "b[0]"), 1, needs_sync=True)
+    sim.join("c[0]")
+    assert sim.job.rounds.spare_ids == (sim.id("c[0]"),)
+    sim.discover({"a": 1, "b": 1, "d": 1})  # c left out of one answer
+    assert sim.slots_launched()[-1] == "d[0]"  # a replacement on a host that is there, in case c is gone
+    sim.join("d[0]")
+    sim.advance(1)
+    assert state(sim, "c[0]") is WorkerState.WAITING and sim.reply("c[0]") is None  # kept within the grace
+    assert sim.job.rounds.spare_ids == (sim.id("d[0]"),)
+    sim.discover({"a": 1, "b": 1, "c": 1, "d": 1})  # back
+    sim.advance(1)
+    assert isinstance(sim.reply("d[0]"), ExitOrder)  # the newest spare is the one beyond --spares
+    assert sim.reply("c[0]") is None and sim.job.rounds.spare_ids == (sim.id("c[0]"),)
+
+
 # Found by review: a notice before the driver heard of any commit (the first not made yet, or its heartbeat still on
 # the way) sent the member away at once; the spare formed a round of its own from step 0 beside it, the member's
 # work was thrown away at the commit it left at, and the driver logged "0 steps lost".

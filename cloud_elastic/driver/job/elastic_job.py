@@ -591,10 +591,9 @@ class ElasticJob(JobState):
             return
         if self.fixed.step(now):
             return  # a fixed-size job's round runs (or is being stopped): nothing launches or re-forms
-        self.capacity.plan_launches(now)
-        self.capacity.check(now)
-        if self.phase is not Phase.DONE and not self.stopping.active:  # not ending (a failure may checkpoint first)
-            self.failures.check_state_kept()
-        if self.phase is not Phase.DONE and not self.stopping.active:
-            self.rounds.maybe_request_update(now)
-            self.rounds.maybe_form(now)
+        # Each while the job is not ending (a failure may checkpoint first); the state's loss is judged before any
+        # launch, so a job that fails for it starts no replacement in the same step (review h4).
+        for part in (lambda _: self.failures.check_state_kept(), self.capacity.plan_launches, self.capacity.check,
+                     self.rounds.maybe_request_update, self.rounds.maybe_form):
+            if self.phase is not Phase.DONE and not self.stopping.active:
+                part(now)

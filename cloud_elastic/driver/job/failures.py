@@ -188,6 +188,8 @@ class Failures:
         job.failure_since_round = True
         self._take_host_along(w)
         if was_member:
+            # A spare failing in the same moment sets last_failure after this: the rollback names this (review h4).
+            job.abort_reason = job.abort_reason or reason
             job.abort()
         # Under --whole-hosts the failed worker's host-mates are leaving with it (just above): they are not
         # survivors. Counting them, a job whose every host had failed waited for --elastic-timeout instead

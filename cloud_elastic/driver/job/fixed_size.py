@@ -56,8 +56,10 @@ A command that never calls ``hvd.init()`` (``hostname``, ``python -c 1``) never
 registers, so it sends no report. Its worker exiting 0 unregistered is a *plain
 exit* (:meth:`FixedSize.exited` with ``connected`` false): while every worker of
 the job does the same, nothing is launched, and once none is left the job
-succeeds, as ``horovodrun`` or ``mpirun`` would run the command, with one line
-saying the command never connected (nothing elastic happened: there is no
+succeeds, as ``horovodrun`` or ``mpirun`` would run the command (on every worker
+launched: ``--max-np``'s and ``--spares``' slots too, since none can be known a
+plain command's before one exits; the line says how many ran it beyond ``-np``),
+with one line saying the command never connected (nothing elastic happened: there is no
 training state to protect). It stays a failure (:meth:`FixedSize.early_exit`
 says which) when the job has state a command that never connects cannot have
 kept: ``--checkpoint-dir`` (it neither loaded nor saved a checkpoint), a commit,
@@ -277,8 +279,11 @@ class FixedSize:
             return False  # a booting host's slot waits for its retry: launched on alone (Capacity.plan_launches)
         if job.alive():
             return True  # the others are still starting: no launch in the meantime
+        beyond = len(self._plain) - job.policy.num_proc  # --max-np's and --spares' slots run the command too
         job.end(True, f"every worker ({len(self._plain)}) {NEVER_CONNECTED}: the job ran it as a plain command "
-                      "(nothing elastic happened)", 0)
+                      "(nothing elastic happened)" + (
+                          f"; {beyond} of them beyond -np {job.policy.num_proc}: every worker launched runs it, "
+                          "on the slots of --max-np and --spares too" if beyond > 0 else ""), 0)
         return True
 
     # ------------------------------------------------------------------- step

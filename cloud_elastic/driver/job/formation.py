@@ -291,6 +291,12 @@ class RoundFormation:
             # Beyond --spares (a doubtful spare's healthy replacement is ready, or its host's notice lapsed since),
             # the last by the spare order leave: doubtful ones first. One more would cost an instance for nothing.
             for w in waiting[spare_slots(policy.spares, policy.whole_host_slots):]:
+                host = w.slot.host
+                if host in hosts.missing and host not in hosts.soft and host not in hosts.provider_soft:
+                    # Missing from discovery within its grace: kept, as a member's workers are (one answer that
+                    # left it out costs no spare). Its replacement started; if the host comes back, the spare
+                    # that arrived last is the one beyond --spares; if it is removed, so is this one.
+                    continue
                 why = "a spare beyond --spares: " + (
                     "its host is doubtful (a soft notice, or missing from discovery) and a healthy spare is ready"
                     if doubtful(hosts, w.slot.host) else "the job has enough ready spares")
@@ -476,6 +482,7 @@ class RoundFormation:
         )
         commit = max((w.commit_seq for w in ordered), default=0)
         self._report_rollback(commit, plan.from_checkpoint)
+        job.abort_reason = ""  # named by that rollback: the new round's own abort sets it again
         taken = sum(1 for w in ordered if w.worker_id in self._were_spares)
         self._were_spares.intersection_update(w.worker_id for w in waiting if w.state is S.WAITING)
         if taken:
@@ -516,14 +523,15 @@ class RoundFormation:
         job = self._job
         if self.pending_rollback is not None and from_checkpoint:
             # Which commit the round goes back to is known only once rank 0 has loaded the checkpoint.
-            self.rollback_at_load = (self.pending_rollback, job.last_failure or "every state holder was lost")
+            self.rollback_at_load = (self.pending_rollback,
+                                     job.abort_reason or job.last_failure or "every state holder was lost")
             self.pending_rollback = None
         if self.pending_rollback is not None:
             aborted, self.pending_rollback = self.pending_rollback, None
             # The survivors rolled back to what they reported at rendezvous, the step this round continues
             # from; the commit count seen at the abort comes from older heartbeats and may lag behind.
             job.emit("rollback", round=aborted, commit_step=commit if job.state_committed else None,
-                     steps_lost=self.steps_lost, reason=job.last_failure or "a collective failed")
+                     steps_lost=self.steps_lost, reason=job.abort_reason or job.last_failure or "a collective failed")
             if job.state_committed:
                 log.info("job %s: round %d's survivors rolled back %d step(s), to their commit of step %d",
                          job.job_id, aborted, self.steps_lost, commit)

@@ -49,6 +49,7 @@ class JobState:
     resumed: bool = False
     # What the pieces share (see view.JobView).
     last_failure: str = field(default="", init=False)
+    abort_reason: str = field(default="", init=False)
     failure_since_round: bool = field(default=False, init=False)
     commit_high: int = field(default=0, init=False)  # the highest commit reported since the last checkpoint load
     commit_base: int | None = field(default=None, init=False)  # a resumed job's first load or adoption (see view)

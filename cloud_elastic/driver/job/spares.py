@@ -47,7 +47,10 @@ takes it. It is not counted in ``-np``. The rules, each a pure function here
   time their number changes, ``status`` rows marked ``spare``, and the
   ``cloud_elastic_spares`` gauge. A spare on a doubtful host is not counted
   ready, nor as a place of ``--spares`` for launches: a replacement starts on a
-  healthy slot.
+  healthy slot. Once it is ready, the spare of a host with a soft notice leaves;
+  one whose host is only missing from discovery stays within the grace, as a
+  member's workers do (``formation``): if the host comes back, the spare that
+  arrived last is the one beyond ``--spares`` and leaves.
 """
 
 from __future__ import annotations

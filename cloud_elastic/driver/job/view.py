@@ -43,6 +43,8 @@ class JobView(Protocol):
     resumed: bool
     #: Why the last worker failed (for the messages of a job that fails later).
     last_failure: str
+    #: The failure of a member that aborted the current round ("" for another cause): what its rollback names.
+    abort_reason: str
     #: A worker failed or came back from a failure since the current round formed: the next one syncs.
     failure_since_round: bool
     #: The highest commit any worker reported since the last checkpoint load.
