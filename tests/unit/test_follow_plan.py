@@ -300,3 +300,18 @@ def test_an_optimizer_that_stepped_with_a_closure_gets_the_whole_sync():
     before = float(model(x).sum().detach())
     assert float(opt.step(closure)) == before  # the closure's loss, at the weights before the update (one worker)
     assert _refusal(_rank0(3, 2), state, [2], 5, [2]) == "an optimizer stepped with a closure"
+
+
+@pytest.mark.parametrize("norm", ["hvd", "torch"])
+def test_a_model_with_a_sync_batch_norm_gets_the_whole_sync(norm):
+    """A follower's batch statistics would go into the members' (review h6, 2026-12-01: ``hvd.SyncBatchNorm``
+    subclasses ``_BatchNorm``, not ``torch.nn.SyncBatchNorm``, and a newcomer's activations from half-received
+    weights moved the members' running means): rank 0 refuses the window for either."""
+    import cloud_elastic.torch as hvd
+
+    hvd.init()
+    layer = hvd.SyncBatchNorm(5) if norm == "hvd" else torch.nn.SyncBatchNorm(5)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 5), layer)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters())
+    state = hvd.elastic.TorchState(model, opt)
+    assert _refusal(_rank0(3, 2), state, [2], 5, [2]) == "SyncBatchNorm"

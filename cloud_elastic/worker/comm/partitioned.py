@@ -17,7 +17,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from cloud_elastic.worker.comm import shapes
+from cloud_elastic.worker.comm import followers, shapes
 from cloud_elastic.worker.comm.collectives import on_device, check_reducible
 from cloud_elastic.worker.comm.compression import Compression, casts, check_compression, encode
 from cloud_elastic.worker.comm.dtypes import carrier, from_wire, to_wire
@@ -82,10 +82,16 @@ def _scatter(tensor: torch.Tensor, what: str, compression: Any, op: str, prescal
     """The reduce-scatter itself, once every worker's dtype and shape is known to match."""
     ctx = get_context()
     size, rank = ctx.info.size, ctx.info.rank
-    scaling = average_scaling(op, size, casts(compression, tensor.dtype), prescale=prescale_factor,
-                              postscale=postscale_factor)
+    # A follower's rows count for nothing, as in an allreduce (``commit.follow``): it sends the op's identity, and
+    # an average divides by the round's active members (review h6: its rows were summed and counted).
+    scaling = average_scaling(op, followers.averaging_size(ctx), casts(compression, tensor.dtype),
+                              prescale=prescale_factor, postscale=postscale_factor)
     sent = encode(tensor, compression, scaling.before, ctx.device)
-    moved = to_wire(sent.tensor, carrier(sent.tensor.dtype, "reducescatter", reduces=False))  # rows move as bits
+    rows = sent.tensor
+    if followers.is_follower(ctx):
+        rows = rows.clone()  # encode may hand back the caller's own tensor
+        followers.identity_fill(rows, op)
+    moved = to_wire(rows, carrier(rows.dtype, "reducescatter", reduces=False))  # rows move as bits
     # Horovod's split: dim0 // size rows each, the first dim0 % size ranks one more (as tensor_split does).
     counts = [len(chunk) for chunk in torch.tensor_split(torch.empty(sent.tensor.shape[0], device="meta"), size)]
     received = torch.empty((size * counts[rank],) + tuple(sent.tensor.shape[1:]), dtype=moved.dtype,

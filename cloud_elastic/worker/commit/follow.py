@@ -99,6 +99,7 @@ from cloud_elastic.worker.commit.fingerprint import fingerprint
 from cloud_elastic.worker.commit.handlers import ModelHandler, OptimizerHandler, SnapshotHandler, StateDictHandler
 from cloud_elastic.worker.exceptions import HostsUpdatedInterrupt
 from cloud_elastic.worker.comm.followers import current, land
+from cloud_elastic.worker.comm.sync_batchnorm import SyncBatchNorm
 
 __all__ = ["FollowerActivated", "Window", "plan", "decide", "quiet", "start", "at_commit", "complete", "shed",
            "pace_word"]
@@ -328,8 +329,8 @@ def _refusal(ctx: Any, state: Any, receivers: list[int], root_seq: int | None, f
     for h in models:
         if any(p.requires_grad and id(p) not in trained for p in h.value.parameters()):
             return "a model parameter that no DistributedOptimizer updates"
-        if any(isinstance(m, torch.nn.SyncBatchNorm) for m in h.value.modules()):
-            return "SyncBatchNorm"
+        if any(isinstance(m, (torch.nn.SyncBatchNorm, SyncBatchNorm)) for m in h.value.modules()):
+            return "SyncBatchNorm"  # hvd's too (review h6): a follower's statistics would count in the members'
         if not all(t.is_contiguous() for t in h.value.state_dict().values() if isinstance(t, torch.Tensor)):
             return "a non-contiguous tensor"
     return ""
