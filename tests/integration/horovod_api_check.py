@@ -257,6 +257,36 @@ def predivide_overflow(size: int) -> dict[str, Any]:
     }
 
 
+def horovod_patterns(rank: int, size: int) -> dict[str, Any]:
+    """Horovod patterns that failed here (review h6): a step skipped after synchronize(), integer scaling, model=."""
+    torch.manual_seed(0)
+    net = torch.nn.Linear(2, 1)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=1.0), named_parameters=net.named_parameters())
+    net(inputs(rank, 4, 2)).sum().backward()
+    opt.synchronize()  # a NaN loss or an AMP overflow: no step
+    net.zero_grad()
+    before = net.weight.detach().clone()
+    net(inputs(rank, 4, 2, scale=3.0)).sum().backward()
+    opt.step()
+    want = sum(inputs(r, 4, 2, scale=3.0).sum(0) for r in range(size)) / size  # the second batch's average only
+    mine = torch.tensor([3 * (rank + 1), -3 * (rank + 1)])
+    # Horovod's ScaleBuffer: each product in double, stored back rounded toward zero, before and after the sum.
+    pre = [int(2.5 * 3 * (r + 1)) for r in range(size)]
+    want_int = [int(0.5 * sum(pre)), int(-0.5 * sum(pre))]
+    other = torch.nn.Linear(2, 1)
+    momentum = torch.optim.SGD(other.parameters(), lr=0.1, momentum=0.9)
+    other(inputs(rank, 4, 2)).sum().backward()
+    momentum.step()  # each rank's own momentum buffer
+    hvd.broadcast_optimizer_state(momentum, 0, model=other)
+    buffers = hvd.allgather(torch.cat([s["momentum_buffer"].view(1, -1) for s in momentum.state.values()], 1))
+    return {
+        "skipped_step_then_model_zero_grad": close((before - net.weight.detach()).view(-1), want),
+        "integer_prescale_postscale": hvd.allreduce(mine, op=hvd.Sum, prescale_factor=2.5,
+                                                    postscale_factor=0.5).tolist() == want_int,
+        "broadcast_optimizer_state_model": bool((buffers == buffers[0]).all()),
+    }
+
+
 def main() -> None:
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
@@ -265,6 +295,7 @@ def main() -> None:
         lambda: ops(rank, size), lambda: grouped(rank, size), lambda: reducescatter(rank, size),
         lambda: alltoall(rank, size), lambda: barrier_and_join(rank), lambda: sync_batchnorm(rank, size),
         lambda: compressed_allreduce(rank, size), lambda: optimizer(rank, size), lambda: predivide_overflow(size),
+        lambda: horovod_patterns(rank, size),
     ]
     for section in sections:
         checks.update(section())

@@ -316,3 +316,112 @@ def test_distributed_optimizer_takes_horovods_parameters_in_horovods_order():
                                    hvd.global_process_set)
     model(torch.ones(1, 2)).sum().backward()
     opt.step()
+
+
+def test_a_step_skipped_after_synchronize_leaves_the_optimizer_ready_for_the_next_backward():
+    # A NaN loss or an AMP overflow: synchronize(), no step(), model.zero_grad(), the next batch's backward. Horovod's
+    # synchronize() resets its per-parameter counters; here that backward raised "computed more than
+    # backward_passes_per_step=1 times" (review h6).
+    hvd.init()
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+    x, y = torch.randn(8, 4), torch.randn(8, 4)
+    model(x).sum().backward()
+    opt.synchronize()  # the step is skipped
+    model.zero_grad()
+    model(y).sum().backward()
+    expected = plain_sgd_step(model, lr=0.1)  # one worker: the average is the gradient itself
+    opt.step()
+    assert all(torch.equal(p.detach(), e) for p, e in zip(model.parameters(), expected))
+    # synchronize() and then the step it was for (AMP's unscale_ in between), as before.
+    opt.zero_grad()
+    model(x).sum().backward()
+    opt.synchronize()
+    opt.set_backward_passes_per_step(1)  # after synchronize(): between steps, as in Horovod
+    expected = plain_sgd_step(model, lr=0.1)
+    with opt.skip_synchronize():
+        opt.step()
+    assert all(torch.equal(p.detach(), e) for p, e in zip(model.parameters(), expected))
+
+
+def plain_sgd_step(model: torch.nn.Module, lr: float) -> list[torch.Tensor]:
+    """The parameters plain ``torch.optim.SGD`` would give ``model`` from its gradients now (``model`` unchanged)."""
+    params = [torch.nn.Parameter(p.detach().clone()) for p in model.parameters()]
+    for copy, p in zip(params, model.parameters()):
+        copy.grad = p.grad.clone()
+    torch.optim.SGD(params, lr=lr).step()
+    return [p.detach() for p in params]
+
+
+def test_a_float_scale_factor_scales_an_integer_tensor_as_horovod_does():
+    # Horovod's ScaleBuffer multiplies in double precision and stores the product back in the integer type, rounded
+    # toward zero (a C++ conversion); here torch refused it ("result type Float can't be cast", review h6).
+    hvd.init()
+    t = torch.tensor([3, -3, 5])
+    assert hvd.allreduce(t, op=hvd.Sum, prescale_factor=2.5).tolist() == [7, -7, 12]
+    assert hvd.allreduce(t, op=hvd.Sum, prescale_factor=2.5, postscale_factor=0.5).tolist() == [3, -3, 6]
+    out = hvd.allreduce(t, op=hvd.Sum, postscale_factor=0.5, compression=hvd.Compression.fp16)
+    assert out.dtype == torch.int64 and out.tolist() == [1, -1, 2]
+    in_place = t.clone()
+    hvd.allreduce_(in_place, op=hvd.Sum, prescale_factor=2.5)
+    assert in_place.tolist() == [7, -7, 12]
+    grouped = hvd.grouped_allreduce([t.to(torch.int16), torch.tensor([1.0])], op=hvd.Sum, prescale_factor=2.5)
+    assert grouped[0].dtype == torch.int16 and grouped[0].tolist() == [7, -7, 12] and grouped[1].tolist() == [2.5]
+    assert hvd.reducescatter(t.view(3, 1).int(), op=hvd.Sum, prescale_factor=2.5).view(-1).tolist() == [7, -7, 12]
+
+
+def test_broadcast_optimizer_state_takes_horovods_model_argument():
+    # Horovod 0.28: broadcast_optimizer_state(optimizer, root_rank, model=None); here it was a TypeError (review h6).
+    hvd.init()
+    params = list(inspect.signature(hvd.broadcast_optimizer_state).parameters)
+    assert params == ["optimizer", "root_rank", "model"]
+    model = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.ones(1, 2)).sum().backward()
+    opt.step()
+    before = [s["momentum_buffer"].clone() for s in opt.state.values()]
+    hvd.broadcast_optimizer_state(opt, 0, model=model)
+    hvd.broadcast_optimizer_state(opt, 0, model)
+    assert all(torch.equal(s["momentum_buffer"], b) for s, b in zip(opt.state.values(), before))
+
+
+def test_horovods_state_constructors_take_bcast_object_and_get_rank_which_are_not_state():
+    # Horovod's ObjectState(bcast_object, get_rank, **kwargs) and State(bcast_object, get_rank): here the two
+    # functions were taken as attributes (StateSyncError) or refused (TypeError) (review h6).
+    hvd.init()
+    by_keyword = hvd.elastic.ObjectState(bcast_object=hvd.broadcast_object, get_rank=hvd.rank, epoch=0)
+    by_position = hvd.elastic.ObjectState(hvd.broadcast_object, hvd.rank, epoch=0, batch=2)
+    for state in (by_keyword, by_position):
+        state.epoch = 4
+        state.commit()
+        state.epoch = 9
+        state.restore()
+        state.sync()
+        assert state.epoch == 4 and not hasattr(state, "bcast_object") and not hasattr(state, "get_rank")
+    assert by_position.batch == 2
+
+    class Counter(hvd.elastic.State):  # a subclass of Horovod's State, as Horovod's docs write one
+        def __init__(self):
+            super().__init__(hvd.broadcast_object, hvd.rank)
+            self.count = self._saved = 0
+
+        def save(self):
+            self._saved = self.count
+
+        def restore(self):
+            self.count = self._saved
+
+        def sync(self):
+            self._saved = self.count = self._bcast_object(self._saved)  # Horovod's attribute, kept
+
+    counter = Counter()
+    counter.count = 3
+    counter.commit()
+    counter.count = 5
+    counter.restore()
+    counter.sync()
+    assert counter.count == 3 and counter._rank() == 0
+    with pytest.raises(TypeError) as exc:
+        hvd.elastic.ObjectState(0, epoch=0)  # a value where Horovod's bcast_object goes
+    assert "bcast_object" in one_line(exc)

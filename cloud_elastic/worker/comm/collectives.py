@@ -557,8 +557,11 @@ def named_tensors(params: Params, call: str) -> list[tuple[str | None, torch.Ten
     return out
 
 
-def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int = 0) -> None:
+def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int = 0, model: Any = None) -> None:
     """Make every worker's optimizer state equal to ``root_rank``'s.
+
+    ``model`` is Horovod 0.28's, accepted and not needed: Horovod finds sparse embeddings with it, to make their zero
+    gradients sparse in the ``step()`` it runs to create a missing state; none runs here (the root's state is sent).
 
     Workers that joined late may not have created their state yet (momentum
     buffers appear on the first step), so the structure is agreed first: the

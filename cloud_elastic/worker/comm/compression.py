@@ -109,11 +109,17 @@ def check_compression(compression: Any) -> Any:
 
 
 def cast_into(dst: torch.Tensor, src: torch.Tensor, factor: float = 1.0) -> None:
-    """``dst = src * factor`` in one pass; computed in ``src``'s precision, rounded once to ``dst``'s dtype."""
+    """``dst = src * factor`` in one pass; computed in ``src``'s precision, rounded once to ``dst``'s dtype.
+
+    An integer ``src`` is scaled as Horovod scales it: the product in double precision, stored back rounded
+    toward zero (``ops.scale_``; torch's ``mul`` would refuse a float factor into an integer ``dst``).
+    """
     if factor == 1.0:
         dst.copy_(src)
-    else:
+    elif src.is_floating_point() or src.is_complex():
         torch.mul(src, factor, out=dst)
+    else:
+        dst.copy_(src.double().mul_(factor))  # a float-to-integer copy_ truncates toward zero
 
 
 #: ``Encoded.ctx`` of a tensor a casting compressor sent: ``decode`` casts it back.

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
 import torch.distributed as dist
 
 from cloud_elastic.worker.unsupported import UnsupportedError
 
 __all__ = ["Average", "Sum", "Adasum", "Min", "Max", "Product", "UnsupportedError", "check_op", "reduce_op", "Scaling",
-           "average_scaling"]
+           "average_scaling", "scale_"]
 
 Average = "average"
 Sum = "sum"
@@ -67,17 +68,29 @@ class Scaling:
     divide_after: float = 1.0
     after: float = 1.0
 
-    def apply_before(self, tensor: object) -> None:
+    def apply_before(self, tensor: torch.Tensor) -> None:
         """Multiply ``tensor`` in place by ``before`` (nothing when it is 1)."""
         if self.before != 1.0:
-            tensor.mul_(self.before)  # type: ignore[attr-defined]
+            scale_(tensor, self.before)
 
-    def apply_after(self, tensor: object) -> None:
+    def apply_after(self, tensor: torch.Tensor) -> None:
         """Divide ``tensor`` in place by ``divide_after``, then multiply it by ``after`` (skipping factors of 1)."""
         if self.divide_after != 1.0:
-            tensor.div_(self.divide_after)  # type: ignore[attr-defined]
+            tensor.div_(self.divide_after)  # an average: floating point only (``collectives.check_reducible``)
         if self.after != 1.0:
-            tensor.mul_(self.after)  # type: ignore[attr-defined]
+            scale_(tensor, self.after)
+
+
+def scale_(tensor: torch.Tensor, factor: float) -> None:
+    """``tensor *= factor`` in place, an integer tensor as Horovod scales it (its C++ ``ScaleBuffer``).
+
+    There the product is a double, stored back into the integer type (rounded toward zero, as a C++
+    conversion does); torch's ``mul_`` would refuse a float factor on an integer tensor.
+    """
+    if tensor.is_floating_point() or tensor.is_complex():
+        tensor.mul_(factor)
+    else:
+        tensor.copy_(tensor.double().mul_(factor))  # a float-to-integer copy_ truncates toward zero
 
 
 def average_scaling(op: str, size: int, compressed: bool, predivide: float | None = None, prescale: float = 1.0,

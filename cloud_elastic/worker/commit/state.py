@@ -99,9 +99,21 @@ def _followers(small: Any, size: int) -> list[int]:
 
 
 class State:
-    """Base of elastic state: commit/restore/sync plus reset callbacks."""
+    """Base of elastic state: commit/restore/sync plus reset callbacks.
 
-    def __init__(self) -> None:
+    ``bcast_object`` and ``get_rank`` are Horovod's (``horovod.common.elastic.State``), taken so that its subclasses'
+    ``super().__init__(bcast_object, get_rank)`` runs unchanged. They are kept as Horovod keeps them
+    (``self._bcast_object``, ``self._rank``), for a subclass's own ``sync()`` to call, and are no part of the state:
+    the state's own commit, sync and membership check use cloud-elastic's, whatever is passed.
+    """
+
+    def __init__(self, bcast_object: Callable[..., Any] | None = None, get_rank: Callable[[], int] | None = None) -> None:
+        for name, fn in (("bcast_object", bcast_object), ("get_rank", get_rank)):
+            if fn is not None and not callable(fn):
+                raise TypeError(f"{type(self).__name__}({name}=...) takes a function (Horovod's: hvd.broadcast_object, "
+                                f"hvd.rank), got a {type(fn).__name__}")
+        self._bcast_object = bcast_object
+        self._rank = get_rank
         self._reset_callbacks: list[Callable[[], None]] = []
 
     def register_reset_callbacks(self, callbacks: Iterable[Callable[[], None]]) -> None:
@@ -193,10 +205,15 @@ def _inside_run(ctx: Any, call: str) -> Any:
 
 
 class ObjectState(State):
-    """State made of plain attributes: ``ObjectState(epoch=0, batch=0)`` then ``state.epoch``."""
+    """State made of plain attributes: ``ObjectState(epoch=0, batch=0)`` then ``state.epoch``.
 
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__()
+    Horovod's ``ObjectState(bcast_object, get_rank, **kwargs)`` works too (``hvd.broadcast_object`` and ``hvd.rank``,
+    by position or keyword): those two are not attributes of the state (see :class:`State`).
+    """
+
+    def __init__(self, bcast_object: Callable[..., Any] | None = None, get_rank: Callable[[], int] | None = None,
+                 **kwargs: Any) -> None:
+        super().__init__(bcast_object, get_rank)
         check_attributes(kwargs)
         self._saved_state = dict(kwargs)
         self._set_attrs()

@@ -222,6 +222,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _ce_hook(self, p: torch.nn.Parameter) -> None:
         self._ce_reset_if_new_round()
+        if self._ce_synchronized:  # a backward after synchronize() and no step() (a NaN loss, an AMP overflow):
+            self._ce_clear()  # as Horovod's synchronize() resets its counters, it starts the next step's buckets
         where = self._ce_where.get(id(p))
         if where is None:
             return  # frozen when the buckets were laid out: averaged by synchronize (_ce_reduce_new)
@@ -260,7 +262,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     # ------------------------------------------------------------ public API
     def synchronize(self) -> None:
-        """Wait for every bucket and write the averaged gradients back into ``.grad``."""
+        """Wait for every bucket and write the averaged gradients back into ``.grad``.
+
+        Afterwards, as in Horovod, the next backward starts the next step's allreduces (a step skipped for
+        a NaN loss or an AMP overflow, then ``model.zero_grad()``); a ``step()`` before any steps on these."""
         self._ce_reset_if_new_round()
         if self._ce_synchronized:
             return
@@ -317,15 +322,15 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def set_backward_passes_per_step(self, passes: int) -> None:
         """Horovod's: from the next step on, allreduce each gradient once it was computed ``passes`` times.
 
-        Between steps only (after ``step()`` or ``zero_grad()``): a gradient of the step under way was
-        counted against the old number, and its bucket may have been sent already."""
+        Between steps only (after ``step()``, ``zero_grad()`` or ``synchronize()``): a gradient of the step under
+        way was counted against the old number, and its bucket may have been sent already."""
         if isinstance(passes, bool) or not isinstance(passes, int) or passes < 1:
             raise ValueError(f"backward_passes_per_step must be an int >= 1, got {passes!r}")
         if self._ce_sharded and passes != 1:
             raise ValueError("over a sharded model, DistributedOptimizer averages gradients once per step "
                              "(backward_passes_per_step=1)")
         self._ce_reset_if_new_round()
-        if self._ce_counts:
+        if self._ce_counts and not self._ce_synchronized:
             raise ValueError(f"set_backward_passes_per_step({passes}) in the middle of a step: its gradients were "
                              f"counted for backward_passes_per_step={self._ce_passes}; call it after step() or "
                              "zero_grad()")
