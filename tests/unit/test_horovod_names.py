@@ -49,6 +49,19 @@ def test_every_public_name_of_horovod_torch_exists_and_is_exported():
     assert [n for n in HOROVOD_TORCH_ELASTIC if not hasattr(hvd.elastic, n)] == []
 
 
+def test_horovods_submodules_port_by_their_import_alone():
+    """Review h6 (2026-12-01): ``from horovod.torch.mpi_ops import Sum`` (or ``.optimizer``, ``.compression``,
+    ``.sync_batch_norm``) had no counterpart, so such a script did not port by changing ``horovod`` to
+    ``cloud_elastic``."""
+    from cloud_elastic.torch import compression, mpi_ops, optimizer, sync_batch_norm
+
+    assert [n for n in HOROVOD_TORCH if getattr(mpi_ops, n, None) is not getattr(hvd, n)] == []
+    assert optimizer.DistributedOptimizer is hvd.DistributedOptimizer
+    assert compression.Compression is hvd.Compression and compression.Compressor is hvd.Compressor
+    assert compression.FP16Compressor.compress(torch.ones(2))[0].dtype == torch.float16
+    assert sync_batch_norm.SyncBatchNorm is hvd.SyncBatchNorm
+
+
 @pytest.mark.parametrize("name", sorted(REFUSED))
 def test_a_name_that_cannot_apply_raises_unsupported_error_in_one_line_naming_it(name):
     with pytest.raises(hvd.UnsupportedError) as exc:
