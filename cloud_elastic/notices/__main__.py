@@ -14,11 +14,14 @@ import logging
 import os
 import socket
 import sys
-import threading
+import time
 
 from cloud_elastic.errors import ConfigError
 
 from .factory import CLOUDS, endpoint_for, watcher_for
+
+#: How often ``--acknowledge`` acknowledges the terminate events reported since (no request when there is none).
+ACK_EVERY_S = 0.2
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,16 +46,20 @@ def main(argv: list[str] | None = None) -> int:
         print("error: AWS_EC2_METADATA_DISABLED=true turns the aws watcher off", file=sys.stderr)
         return 2
     print(f"watching {url} ({watcher.source}); Ctrl-C to stop", file=sys.stderr)
-    done = threading.Event()
 
     def report(notice) -> None:
         print(json.dumps(dataclasses.asdict(notice)), flush=True)
-        if args.acknowledge and notice.kind == "terminate":
-            threading.Thread(target=watcher.acknowledge, daemon=True).start()
 
     watcher.start(report)
+    end = None if args.duration is None else time.monotonic() + args.duration
     try:
-        done.wait(args.duration)
+        while end is None or time.monotonic() < end:
+            left = ACK_EVERY_S if end is None else min(ACK_EVERY_S, end - time.monotonic())
+            time.sleep(max(0.0, left))
+            if args.acknowledge:
+                # Not from report(): a notice counts as reported (and so may be acknowledged) only once
+                # report() has returned. Acknowledges what was reported since; a failure is retried here.
+                watcher.acknowledge()
     except KeyboardInterrupt:
         pass
     finally:

@@ -135,6 +135,8 @@ def request(
             raise BadAnswer(f"{what}: timeout", f"{what}: no answer within {timeout_s:g}s") from exc
         except (OSError, http.client.HTTPException) as exc:
             raise BadAnswer(f"{what}: broken", f"{what}: connection broken: {exc or type(exc).__name__}") from exc
+        except ValueError as exc:  # a header value http.client refuses (a newline, not latin-1): never sent
+            raise BadAnswer(f"{what}: bad request", f"{what}: request not sent: {str(exc)[:120]}") from exc
         if len(data) > MAX_BODY:
             raise BadAnswer(f"{what}: too big", f"{what}: answer larger than {MAX_BODY} bytes")
         return Answer(resp.status, {k.lower(): v for k, v in resp.getheaders()}, data)

@@ -40,6 +40,7 @@ __all__ = [
     "renewed",
     "NOTICE_GRACE_S",
     "SOFT_NOTICE_TTL_S",
+    "MAX_NOTICE_LEAD_S",
 ]
 
 #: The host will be taken away (Spot interruption, preemption, terminating lifecycle state).
@@ -74,6 +75,10 @@ def renewed(source: str | None, reason: str) -> bool:
 NOTICE_GRACE_S = 120.0
 #: A soft notice (rebalance recommendation, maintenance) lapses this long after it was sent.
 SOFT_NOTICE_TTL_S = 600.0
+#: A hard notice's deadline counts at most this far ahead for its lapse: a garbled time (a Spot notice for
+#: the year 9999) would otherwise keep a host off for ever. The longest real notices: an hour's GCE
+#: maintenance on a GPU VM. (``cloud_elastic.driver.job.hosts`` keeps the same value under the same name.)
+MAX_NOTICE_LEAD_S = 3600.0
 
 
 @dataclass(frozen=True)

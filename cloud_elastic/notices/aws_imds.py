@@ -12,8 +12,10 @@ the session token:
 * ``/latest/meta-data/autoscaling/target-lifecycle-state``: ``Terminated`` →
   :data:`TERMINATE`, no deadline (the group's lifecycle hook holds the instance).
 
-The token (``PUT /latest/api/token``) is renewed before it expires and at once
-when a read answers 401.
+The token (``PUT /latest/api/token``) is renewed before it expires, at once
+when a read answers 401, and at the next read after any other failed read. An
+answer that is not a plausible token (printable ASCII without whitespace: not
+a proxy's HTML page) is not kept.
 """
 
 from __future__ import annotations
@@ -92,9 +94,13 @@ class AWSMetadataWatcher(PollingWatcher):
                              headers={"X-aws-ec2-metadata-token-ttl-seconds": str(self.token_ttl_s)},
                              track=self._track)
             token = answer.text()
-            if answer.status != 200 or not token or len(token) > 4096:
+            if answer.status != 200:
                 raise BadAnswer(f"api/token: HTTP {answer.status}",
-                                f"token request answered HTTP {answer.status} {answer.text()[:80]!r}")
+                                f"token request answered HTTP {answer.status} {token[:80]!r}")
+            if not token or len(token) > 4096 or not all("!" <= c <= "~" for c in token):
+                # A header value it could not be (an HTML page, a newline): every read would fail before it
+                # reached the service, neither 401 nor a bad answer, until the token's renewal hours later.
+                raise BadAnswer("api/token: bad token", f"token request answered no usable token {token[:80]!r}")
             self._token = token
             # Renew well before expiry so a slow cycle never uses a dead token.
             self._token_renew_at = now + max(self.token_ttl_s * 0.8, self.token_ttl_s - 60)
@@ -103,18 +109,24 @@ class AWSMetadataWatcher(PollingWatcher):
     def _get(self, path: str) -> bytes | None:
         """The body at ``path``, or None for 404 (no notice)."""
         what = path.rsplit("meta-data/", 1)[-1]
-        for attempt in (1, 2):
-            answer = request("GET", self.base_url + path, timeout_s=self.request_timeout_s, what=what,
-                             headers={"X-aws-ec2-metadata-token": self._session_token()}, track=self._track)
-            if answer.status == 401 and attempt == 1:
-                self._token = None  # expired or revoked: renew once and retry
-                continue
-            if answer.status == 404:
-                return None
-            if answer.status != 200:
-                raise BadAnswer(f"{what}: HTTP {answer.status}", f"{what} answered HTTP {answer.status}")
-            return answer.body
-        raise BadAnswer(f"{what}: HTTP 401", f"{what} refused a fresh token (HTTP 401)")
+        try:
+            for attempt in (1, 2):
+                answer = request("GET", self.base_url + path, timeout_s=self.request_timeout_s, what=what,
+                                 headers={"X-aws-ec2-metadata-token": self._session_token()}, track=self._track)
+                if answer.status == 401 and attempt == 1:
+                    self._token = None  # expired or revoked: renew once and retry
+                    continue
+                if answer.status == 404:
+                    return None
+                if answer.status != 200:
+                    raise BadAnswer(f"{what}: HTTP {answer.status}", f"{what} answered HTTP {answer.status}")
+                return answer.body
+            raise BadAnswer(f"{what}: HTTP 401", f"{what} refused a fresh token (HTTP 401)")
+        except BadAnswer:
+            # Whatever failed, the token may be the cause: a fresh one costs one local PUT, a bad one
+            # kept would cost every read until its renewal.
+            self._token = None
+            raise
 
     # -- the three paths ---------------------------------------------------------------
 
@@ -122,7 +134,7 @@ class AWSMetadataWatcher(PollingWatcher):
     def _json(body: bytes, what: str) -> dict[str, Any]:
         try:
             value = json.loads(body)
-        except (ValueError, UnicodeDecodeError) as exc:
+        except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # RecursionError: absurdly deep nesting
             raise BadAnswer(f"{what}: bad JSON", f"{what}: not JSON: {body[:80]!r}") from exc
         if not isinstance(value, dict):
             raise BadAnswer(f"{what}: bad JSON", f"{what}: not a JSON object: {body[:80]!r}")

@@ -7,7 +7,7 @@ and keeps the events whose ``Resources`` name this VM:
 * ``Preempt`` (Spot eviction, at least 30 s ahead) and ``Terminate`` (scale-in,
   delete; ``termination_notification`` on the scale set) → :data:`TERMINATE`
   with ``NotBefore`` as the deadline (an event already ``Started`` has no
-  ``NotBefore``: the deadline is now);
+  ``NotBefore``: the deadline is now; one without a zone, or ``-0000``, is UTC);
 * ``Freeze``, ``Reboot``, ``Redeploy`` → the soft :data:`MAINTENANCE`.
 
 This VM's name is the ``vm_name`` given, or read once from
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
+from datetime import timezone
 from email.utils import parsedate_to_datetime
 from typing import Any, Callable
 
@@ -117,10 +118,13 @@ class AzureScheduledEventsWatcher(PollingWatcher):
         if not isinstance(value, str):
             raise BadAnswer("scheduledevents: bad NotBefore", f"event {event_id}: NotBefore {value!r} is not a date")
         try:
-            return parsedate_to_datetime(value).timestamp()
-        except (TypeError, ValueError, IndexError) as exc:
+            when = parsedate_to_datetime(value)
+            if when.tzinfo is None:  # no zone, or "-0000" (RFC 2822: zone unknown): IMDS writes UTC, not our zone
+                when = when.replace(tzinfo=timezone.utc)
+            return when.timestamp()
+        except (TypeError, ValueError, IndexError, OverflowError) as exc:  # OverflowError: a year past any calendar
             raise BadAnswer("scheduledevents: bad NotBefore",
-                            f"event {event_id}: unreadable NotBefore {value!r}") from exc
+                            f"event {event_id}: unreadable NotBefore {value[:80]!r}") from exc
 
     def _unacknowledged(self) -> list[Notice]:
         with self._lock:

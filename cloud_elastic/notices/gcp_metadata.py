@@ -4,8 +4,10 @@
 (``wait_for_change=true`` with the last ``ETag``), so a preemption is seen as
 soon as the server announces it. ``TRUE`` → :data:`TERMINATE` with a deadline
 ``preemption_notice_s`` (30 s, what GCP gives Spot and preemptible VMs) after
-the watcher saw it. Each long-poll is bounded by ``long_poll_s`` (10 s); after
-it, ``instance/maintenance-event`` is read once: ``NONE`` is no notice;
+the watcher saw it. Each long-poll is bounded by ``long_poll_s`` (10 s); one
+that fails or stalls is followed by a plain read at once, and by plain reads
+every ``poll_interval_s`` for ``LONG_POLL_RETRY_S`` (5 minutes). After each
+read, ``instance/maintenance-event`` is read once: ``NONE`` is no notice;
 ``TERMINATE_ON_HOST_MAINTENANCE`` (GCE will stop the VM) → :data:`TERMINATE`.
 That value carries no time, and GCE gives from 60 s to an hour (GPU VMs), so
 its deadline is ``window_start_time`` from ``instance/upcoming-maintenance``
@@ -43,6 +45,8 @@ PREEMPTED = "/computeMetadata/v1/instance/preempted"
 MAINTENANCE_EVENT = "/computeMetadata/v1/instance/maintenance-event"
 UPCOMING_MAINTENANCE = "/computeMetadata/v1/instance/upcoming-maintenance?alt=json"
 FLAVOR = {"Metadata-Flavor": "Google"}
+#: After a failed long-poll, ``instance/preempted`` is read plainly (every ``poll_interval_s``) this long.
+LONG_POLL_RETRY_S = 300.0
 
 
 class GCPMetadataWatcher(PollingWatcher):
@@ -67,6 +71,7 @@ class GCPMetadataWatcher(PollingWatcher):
             raise ValueError(f"renew_s must be above 0 and below {NOTICE_GRACE_S:g}, got {renew_s!r}")
         self.renew_s = renew_s
         self._etag: str | None = None
+        self._plain_until = 0.0  # time.monotonic() before which no long-poll is tried (one failed)
         self._value: str | None = None  # the last answer of instance/preempted
         self._maintenance_id: str | None = None
         self._renew_at = 0.0  # when a TERMINATE_ON_HOST_MAINTENANCE notice is next reported again
@@ -91,7 +96,7 @@ class GCPMetadataWatcher(PollingWatcher):
 
     def _cycle(self) -> tuple[list[Notice], float | None]:
         started = time.monotonic()
-        answer = self._read(PREEMPTED, last_etag=self._etag)
+        answer = self._preempted()
         value = answer.text()
         if value not in ("TRUE", "FALSE"):
             raise BadAnswer("preempted: bad value", f"preempted: expected TRUE or FALSE, got {value[:40]!r}")
@@ -116,6 +121,25 @@ class GCPMetadataWatcher(PollingWatcher):
         # A long-poll that ran its course needs no pause; one the server cut
         # short (or a server without ETags) waits out the rest of the interval.
         return notices, max(0.0, self.poll_interval_s - (time.monotonic() - started))
+
+    def _preempted(self) -> Answer:
+        """``instance/preempted``: long-polled once an ETag is known, read plainly after a failed long-poll.
+
+        A long-poll that stalls or fails (a proxy that holds ``wait_for_change`` requests) is followed at once
+        by a plain read, and plain reads go on for ``LONG_POLL_RETRY_S``: else every cycle would wait out one
+        more long-poll, see a preemption that long late, and read no maintenance event at all.
+        """
+        if self._etag is None or time.monotonic() < self._plain_until:
+            return self._read(PREEMPTED)
+        try:
+            return self._read(PREEMPTED, last_etag=self._etag)
+        except BadAnswer as exc:
+            if self._stop.is_set():
+                raise  # close() cut the long-poll short
+            self._plain_until = time.monotonic() + LONG_POLL_RETRY_S
+            self._complain(f"{self.source}: long-poll", f"{self.source} at {self.base_url}: {exc}; reading "
+                           f"plainly every {self.poll_interval_s:g}s for {LONG_POLL_RETRY_S:g}s")
+            return self._read(PREEMPTED)
 
     def _maintenance(self) -> Notice | None:
         value = self._read(MAINTENANCE_EVENT).text()

@@ -28,12 +28,13 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Callable, Iterable
 
-from cloud_elastic.notices.api import NOTICE_GRACE_S, SOFT_NOTICE_TTL_S
+from cloud_elastic.notices.api import MAX_NOTICE_LEAD_S, NOTICE_GRACE_S, SOFT_NOTICE_TTL_S
 
 __all__ = ["SPOT_WARNING_S", "Notice", "Ignored", "parse_message", "NoticeBook", "receive_all", "QueueReceiver"]
 
@@ -49,8 +50,12 @@ _TERMINATING = "autoscaling:EC2_INSTANCE_TERMINATING"
 _MAX_BODY = 256 * 1024  # SQS's own message size limit
 _RECEIVE_ROUNDS = 10  # at most 100 messages per find(); the rest wait for the next one
 _SEEN_EVENTS = 4096
+_SAID = 4096  # (kind, instance or group) keys logged once; the queue sees every instance of the region
+_SPOT_ACTIONS = ("terminate", "stop", "hibernate")  # what EC2 documents; the metadata watcher knows the same
+_ACTION_EXCERPT = 40
 _EXCERPT = 120  # characters of a message quoted in a log line
 _MAX_WAITING = 10_000  # bodies a receiver keeps for the next find(); far more than a discovery interval brings
+_PAUSE_WARN_EVERY_S = 60.0  # a receiver that pauses again within this logs at DEBUG
 
 
 @dataclass(frozen=True)
@@ -122,7 +127,15 @@ def _from_eventbridge(event: dict) -> Notice | Ignored:
     if kind == _REBALANCE:
         return Notice("rebalance", instance, when, None, f"rebalance recommendation ({SOURCE})", event_id)
     action = detail.get("instance-action", "terminate")
-    what = "spot interruption notice" if action == "terminate" else f"spot interruption notice: {action}"
+    if action == "terminate":
+        what = "spot interruption notice"
+    elif action in _SPOT_ACTIONS:
+        what = f"spot interruption notice: {action}"
+    else:
+        # Still drained: the event's type says EC2 takes the instance in two minutes, whatever the action
+        # (one EC2 adds later); draining a host for nothing costs a graceful leave and lapses, missing a
+        # real interruption costs the steps since the last commit. Bounded: the body is anyone's text.
+        what = f"spot interruption notice: unknown action {_excerpt(action, _ACTION_EXCERPT)}"
     return Notice("spot", instance, when, when + SPOT_WARNING_S, f"{what} ({SOURCE})", event_id)
 
 
@@ -155,10 +168,10 @@ def _is_instance_id(value: Any) -> bool:
     return isinstance(value, str) and value.startswith("i-") and len(value) <= 64
 
 
-def _excerpt(value: Any) -> str:
+def _excerpt(value: Any, limit: int = _EXCERPT) -> str:
     text = value if isinstance(value, str) else repr(value)
     flat = " ".join(text.split())
-    return flat if len(flat) <= _EXCERPT else flat[:_EXCERPT - 1] + "…"
+    return flat if len(flat) <= limit else flat[:limit - 1] + "…"
 
 
 class NoticeBook:
@@ -177,7 +190,8 @@ class NoticeBook:
         self._group = group
         self._notices: dict[str, dict[str, Notice]] = {}  # instance -> kind -> first notice
         self._seen: OrderedDict[str, None] = OrderedDict()  # recent event ids, for duplicates
-        self._said: set[tuple[str, str]] = set()
+        self._said: OrderedDict[tuple[str, str], None] = OrderedDict()  # logged once lately, newest last
+        self._heard: dict[tuple[str, str], float] = {}  # (instance, kind) -> when lapse() first saw its notice
 
     def take(self, parsed: Notice | Ignored, members: Iterable[str]) -> str:
         """File one parsed message and say what became of it.
@@ -215,19 +229,24 @@ class NoticeBook:
         sent. A spot or lifecycle notice lapses ``NOTICE_GRACE_S`` after its
         deadline (after it was sent, when it has none), and only while its
         instance is in ``ready`` (the group state alone would make it ready):
-        AWS did not take it after all.
+        AWS did not take it after all. A deadline counts at most
+        ``MAX_NOTICE_LEAD_S`` ahead, and a message sent later than the first
+        lapse() after it was filed (the find() that read it) counts as sent
+        then: a garbled time (the year 9999) does not keep an instance off for ever.
         """
         ready = set(ready)
         gone = []
         for instance, kinds in self._notices.items():
             for kind, notice in list(kinds.items()):
+                sent = min(notice.time, self._heard.setdefault((instance, kind), now))
                 if kind == "rebalance":
-                    over = now >= notice.time + SOFT_NOTICE_TTL_S
+                    over = now >= sent + SOFT_NOTICE_TTL_S
                 else:
-                    base = notice.time if notice.deadline is None else notice.deadline
+                    base = sent if notice.deadline is None else min(notice.deadline, sent + MAX_NOTICE_LEAD_S)
                     over = instance in ready and now >= base + NOTICE_GRACE_S
                 if over:
                     del kinds[kind]
+                    del self._heard[(instance, kind)]
                     gone.append(notice)
         return gone
 
@@ -236,6 +255,8 @@ class NoticeBook:
         keep = set(members)
         for instance in [i for i in self._notices if i not in keep]:
             del self._notices[instance]
+        for key in [k for k in self._heard if k[0] not in keep]:
+            del self._heard[key]
 
     def of(self, instance: str) -> dict[str, Notice]:
         """The notices remembered for ``instance``, by kind."""
@@ -247,9 +268,12 @@ class NoticeBook:
 
     def _once(self, level: int, key: tuple[str, str], message: str, *args: Any) -> None:
         if key in self._said:
+            self._said.move_to_end(key)
             _log.debug(message, *args)
             return
-        self._said.add(key)
+        self._said[key] = None
+        while len(self._said) > _SAID:  # the longest unheard of may be logged once more some day
+            self._said.popitem(last=False)
         _log.log(level, message, *args)
 
 
@@ -292,7 +316,11 @@ class QueueReceiver:
     find()), then deleted. When a batch holds a body that ``urgent`` calls
     urgent (a notice for a member of the group), ``wake()`` asks for that
     find() at once, so a notice waits for one receive and one find(), not for
-    the discovery interval. SDK errors go to ``trouble`` (the provider logs
+    the discovery interval. At most ``max_waiting`` bodies are kept: once that
+    many wait (no find() since: discovery failing, or a flood), the receiver
+    calls ``wake()`` and receives nothing more until :meth:`take` makes room,
+    so the rest stay in SQS and nothing is deleted unread; a WARNING (at most
+    one a minute) says so. SDK errors go to ``trouble`` (the provider logs
     them) and the receive is retried ``retry_s`` later. The constructor does
     no I/O; :meth:`start` starts the thread; :meth:`close` stops it once the
     receive in flight returns (at most ``wait_s`` plus the client's timeout;
@@ -301,14 +329,20 @@ class QueueReceiver:
     """
 
     def __init__(self, sqs: Any, url: str, *, wake: Callable[[], None], urgent: Callable[[str], bool],
-                 trouble: Callable[[Exception], None], wait_s: int = 20, retry_s: float = 5.0) -> None:
+                 trouble: Callable[[Exception], None], wait_s: int = 20, retry_s: float = 5.0,
+                 max_waiting: int = _MAX_WAITING) -> None:
         if not 0 <= wait_s <= 20:
             raise ValueError(f"wait_s must be 0-20 (SQS's limit), got {wait_s!r}")
         self._sqs, self._url = sqs, url
         self._wake, self._urgent, self._trouble = wake, urgent, trouble
         self._wait_s, self._retry_s = wait_s, retry_s
+        if max_waiting < 1:
+            raise ValueError(f"max_waiting must be at least 1, got {max_waiting!r}")
+        self._max_waiting = max_waiting
         self._lock = threading.Lock()
+        self._room = threading.Condition(self._lock)  # notified by take() and close()
         self._waiting: list[str] = []
+        self._warned_at: float | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -318,11 +352,14 @@ class QueueReceiver:
 
     def close(self) -> None:
         self._stop.set()
+        with self._room:
+            self._room.notify_all()
 
     def take(self) -> list[str]:
         """The bodies received since the last call, oldest first."""
-        with self._lock:
+        with self._room:
             bodies, self._waiting = self._waiting, []
+            self._room.notify_all()
         return bodies
 
     def _run(self) -> None:
@@ -338,16 +375,36 @@ class QueueReceiver:
         finally:
             self._sqs.close()
 
+    def _room_left(self) -> int:
+        """How many more bodies may be kept, once at least one may (0: closed meanwhile)."""
+        with self._room:
+            held = len(self._waiting)
+        if held < self._max_waiting:
+            return self._max_waiting - held
+        now = time.monotonic()
+        level = logging.DEBUG
+        if self._warned_at is None or now - self._warned_at >= _PAUSE_WARN_EVERY_S:
+            level, self._warned_at = logging.WARNING, now
+        _log.log(level, "notice queue: %d messages received and not yet filed (no discovery since); receiving "
+                 "paused, the rest stay in the queue until discovery takes these", held)
+        self._wake()  # a flood, not a failing discovery: the next find() makes room
+        with self._room:
+            while not self._stop.is_set() and len(self._waiting) >= self._max_waiting:
+                self._room.wait()
+            return 0 if self._stop.is_set() else self._max_waiting - len(self._waiting)
+
     def _receive_once(self) -> None:
-        answer = self._sqs.receive_message(QueueUrl=self._url, MaxNumberOfMessages=10,
+        room = self._room_left()
+        if not room:
+            return
+        answer = self._sqs.receive_message(QueueUrl=self._url, MaxNumberOfMessages=min(10, room),
                                            WaitTimeSeconds=self._wait_s)
         messages = answer.get("Messages", [])
         if not messages:
             return
         bodies = [m.get("Body", "") for m in messages]
         with self._lock:
-            self._waiting.extend(bodies)
-            del self._waiting[:-_MAX_WAITING]
+            self._waiting.extend(bodies)  # within max_waiting: no more was asked for
         if any(self._urgent(body) for body in bodies):
             self._wake()
         _delete(self._sqs, self._url, messages)

@@ -168,3 +168,44 @@ def test_the_notice_queue_flag_and_options_reach_the_provider():
 def test_bad_notice_options_are_one_line_config_errors(argv, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
         _build(*argv)
+
+
+@pytest.mark.parametrize("action", ["reboot\nERROR forged line " + "x" * 5000, {"nested": ["x" * 500]}, 7])
+def test_a_spot_warning_with_an_unknown_action_drains_with_a_short_one_line_reason(action):
+    """The event's type says EC2 takes the instance in two minutes: drained, but the action is the sender's text."""
+    parsed = parse_message(eventbridge("EC2 Spot Instance Interruption Warning",
+                                       {"instance-id": I, "instance-action": action}))
+    assert isinstance(parsed, Notice) and (parsed.kind, parsed.deadline) == ("spot", T_S + 120)
+    assert parsed.reason.startswith("spot interruption notice: unknown action ")
+    assert parsed.reason.endswith(" (aws-sqs)") and "\n" not in parsed.reason and len(parsed.reason) <= 100
+
+
+def test_the_book_forgets_the_oldest_foreign_instances_it_logged_so_its_memory_stays_bounded():
+    """The queue sees every Spot warning of the account and region: one key each, for ever, was a leak."""
+    import tracemalloc
+
+    book = NoticeBook("test group", "gpus")
+
+    def foreign(start: int, count: int) -> None:
+        for n in range(start, start + count):
+            spot = Notice("spot", f"i-{n:017x}", T_S, T_S + 120, "spot interruption notice (aws-sqs)", f"ev-{n}")
+            assert book.take(spot, [I]) == "other instance"
+
+    tracemalloc.start()
+    try:
+        foreign(0, 10_000)  # past the bound: from here on, each new key pushes out the oldest
+        before = tracemalloc.get_traced_memory()[0]
+        foreign(10_000, 20_000)
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert grown < 256 * 1024, f"{grown} bytes more after 20,000 more instances"  # unbounded: about 2.5 MB
+    spot = parse_message(eventbridge("EC2 Spot Instance Interruption Warning", {"instance-id": I}))
+    assert book.take(spot, [I]) == "recorded"
+
+
+def test_the_queue_caps_a_notices_lead_as_the_driver_does():
+    from cloud_elastic.driver.job import hosts
+    from cloud_elastic.notices import api
+
+    assert api.MAX_NOTICE_LEAD_S == hosts.MAX_NOTICE_LEAD_S == 3600
