@@ -14,7 +14,6 @@ import subprocess
 import sys
 import time
 from email.utils import formatdate
-from typing import Iterator
 
 import pytest
 
@@ -24,29 +23,15 @@ from cloud_elastic.notices import (
     AWSMetadataWatcher,
     AzureScheduledEventsWatcher,
     GCPMetadataWatcher,
-    NoticeWatcher,
 )
 from tests.emulator.fake_metadata import FakeAWSMetadata, FakeAzureMetadata, FakeGCPMetadata, Req, Resp
-from tests.emulator.test_notice_watchers import FAST, Sink, more_polls
+from tests.emulator.test_notice_watchers import FAST, Sink, more_polls, run  # noqa: F401 - run: a fixture
 
 pytestmark = [pytest.mark.emulator, pytest.mark.timeout(60)]
 
 BOUND = 15.0  # seconds a notice may take here; before these fixes it never came at all
 
 
-@pytest.fixture
-def run() -> Iterator:
-    started: list[NoticeWatcher] = []
-
-    def start(watcher: NoticeWatcher) -> Sink:
-        sink = Sink()
-        watcher.start(sink)
-        started.append(watcher)
-        return sink
-
-    yield start
-    for watcher in started:
-        watcher.close()
 
 
 # ------------------------------------------------------------------------------ AWS
