@@ -22,7 +22,7 @@ import zipfile
 from itertools import repeat
 from typing import IO, Any, Callable
 
-__all__ = ["COPY_FACTOR", "COPY_SLACK", "MAX_NESTING", "stored_records"]
+__all__ = ["BUILD_FACTOR", "COPY_FACTOR", "COPY_SLACK", "MAX_NESTING", "stored_records"]
 
 #: How deep containers may nest in a loaded value: torch.save itself fails near 500, and the walks after a load
 #: (hashing a tuple, ``plain_numpy.unpack``, the commit snapshot's copy) recurse.
@@ -39,6 +39,11 @@ _TUPLE_SLACK = 1 << 20
 #: load builds is held to it before the load too (:func:`_check_pickle`).
 COPY_FACTOR = 8
 COPY_SLACK = 64 << 20
+#: What the load may build, by :func:`_check_pickle`'s estimate (the load's own objects: its memo, the tuples of
+#: each tensor's rebuild, not only what the value keeps): this many times the archive's size, plus
+#: :data:`COPY_SLACK`. Looser than :data:`COPY_FACTOR`: a list of 100,000 small tensors, views of one storage,
+#: estimates at about 18 times its archive; a forged pickle of empty sets at 224 times, of copies without end.
+BUILD_FACTOR = 32
 
 
 def stored_records(file: IO[bytes], offset: int, length: int) -> list[zipfile.ZipInfo]:
@@ -87,8 +92,8 @@ def _check_pickle(pickle: bytes, size: int) -> None:
     :data:`MAX_NESTING` deep, and those tuples, over all references to them, and the containers and long strings
     that its calls walk (``set(L)``, ``Counter(L)``, ``OrderedDict(D)``, ``_codecs.encode(s)``, a ``BUILD``'s
     state), over every call, come to at most :data:`_TUPLE_FACTOR` elements a byte; and what the load builds
-    (each empty set 216 bytes of Python object, from one byte of pickle) stays within :data:`COPY_FACTOR` times
-    the archive's size plus :data:`COPY_SLACK`, the bound the value loaded is held to after the load.
+    (each empty set 216 bytes of Python object, from one byte of pickle) stays within :data:`BUILD_FACTOR` times
+    the archive's size plus :data:`COPY_SLACK` (the value loaded is held to :data:`COPY_FACTOR` after the load).
 
     A dry run of the opcodes that torch's weights-only unpickler runs, keeping for each value on its stack only
     what it costs: None for a number or a short string (or a call's result that walked nothing), ``(elements
@@ -100,7 +105,7 @@ def _check_pickle(pickle: bytes, size: int) -> None:
     a run of one opcode that puts a number (or None, a bool) on the stack is skipped in one regex match, and a
     string's bytes by its length."""
     budget = _TUPLE_FACTOR * len(pickle) + _TUPLE_SLACK
-    room = COPY_FACTOR * size + COPY_SLACK
+    room = BUILD_FACTOR * size + COPY_SLACK
     stack: list[Any] = []
     marks: list[int] = []
     memo: dict[int, Any] = {}
@@ -110,7 +115,7 @@ def _check_pickle(pickle: bytes, size: int) -> None:
     while at < end:
         if built > room:
             raise _Refused(f"builds more than {room:,} bytes of objects before its load could refuse them "
-                           f"({COPY_FACTOR} times its {size:,} bytes, and {COPY_SLACK >> 20} MiB): empty containers "
+                           f"({BUILD_FACTOR} times its {size:,} bytes, and {COPY_SLACK >> 20} MiB): empty containers "
                            "by the million, or the same ones copied over and over")
         op = pickle[at]
         run = runs.get(op)
@@ -144,7 +149,7 @@ def _check_pickle(pickle: bytes, size: int) -> None:
                 if not stack:
                     return
                 memo[index] = stack[-1]
-                built += 0 if width == 1 else 64  # an entry of the load's memo (256 at most with 1-byte indices)
+                built += 0 if width == 1 else 32  # an entry of the load's memo (256 at most with 1-byte indices)
                 continue
             item = memo.get(index, _UNSET)
             if item is _UNSET:
@@ -173,7 +178,7 @@ def _check_pickle(pickle: bytes, size: int) -> None:
                     held.append(item)
             if depth >= MAX_NESTING:
                 raise _Refused(f"nests tuples more than {MAX_NESTING} deep")
-            built += 48 + 8 * (len(stack) - start)
+            built += 48 + 8 * (len(stack) - start) if len(stack) > start else 0  # Python has one empty tuple
             del stack[start:]
             stack.append((1 + size_, 1 + depth, tuple(held)))
         elif op == 0x28:  # MARK
@@ -200,12 +205,13 @@ def _check_pickle(pickle: bytes, size: int) -> None:
             if referenced > budget:
                 raise _Refused(f"has its calls walk containers of more than {budget:,} elements in all, the same "
                                "ones over and over")
-            built += 256 + nbytes
+            built += 128 + nbytes
             del stack[len(stack) - pops:]
-            if op != 0x62:  # the result: what a later call over it walks again
-                stack.append([elements] if elements else (nbytes if nbytes > _LONG_STRING else None))
+            if op != 0x62:  # the result, as a container: what is put in it later (an OrderedDict() filled by
+                # SETITEMS) and what a later call over it walks again are counted (a long string copy: its length)
+                stack.append(nbytes if not elements and nbytes > _LONG_STRING else [elements])
         elif op in _OTHERS:
-            pops, pushes, width = _OTHERS[op]
+            pops, pushes, width, cost = _OTHERS[op]
             if width < 0:  # SHORT_BINSTRING, LONG1: a length byte, then as many bytes
                 width = 1 + pickle[at] if at < end else end
             if pops > len(stack) or at + width > end:
@@ -213,7 +219,7 @@ def _check_pickle(pickle: bytes, size: int) -> None:
             at += width
             del stack[len(stack) - pops:]
             stack.extend(repeat(None, pushes))
-            built += 256 * pushes  # a storage (BINPERSID), or a string or number of at most 256 bytes
+            built += cost
         elif op == 0x63:  # GLOBAL: a module and a name, each ending at a newline
             first = pickle.find(b"\n", at)
             at = pickle.find(b"\n", first + 1) + 1 if first >= 0 else 0
@@ -279,8 +285,9 @@ _FILLS = {0x61: 1, 0x73: 2, 0x65: 0, 0x75: 0}
 #: REDUCE, NEWOBJ (their callable and its arguments), BUILD (its state): the values each takes off the stack.
 _CALLS = {0x52: 2, 0x81: 2, 0x62: 1}
 #: Its other opcodes but GLOBAL and those above: (values taken off the stack, values put on it, argument bytes, -1
-#: for a length byte and as many bytes): PROTO, BINPERSID, SHORT_BINSTRING, LONG1.
-_OTHERS = {0x80: (0, 0, 1), 0x51: (1, 1, 0), 0x55: (0, 1, -1), 0x8A: (0, 1, -1)}
+#: for a length byte and as many bytes, bytes built): PROTO, BINPERSID (a storage: its bytes are the archive's
+#: record, counted in its size), SHORT_BINSTRING, LONG1 (at most 256 bytes).
+_OTHERS = {0x80: (0, 0, 1, 0), 0x51: (1, 1, 0, 64), 0x55: (0, 1, -1, 320), 0x8A: (0, 1, -1, 320)}
 
 
 class _OutOfArchive(OSError):
