@@ -273,6 +273,16 @@ def horovod_patterns(rank: int, size: int) -> dict[str, Any]:
     # Horovod's ScaleBuffer: each product in double, stored back rounded toward zero, before and after the sum.
     pre = [int(2.5 * 3 * (r + 1)) for r in range(size)]
     want_int = [int(0.5 * sum(pre)), int(-0.5 * sum(pre))]
+    # A backward after synchronize(), then step() under skip_synchronize(): the step averages that backward first
+    # (review h8: its allreduce was dropped in flight and each worker stepped on its own gradients).
+    opt.zero_grad()
+    opt.synchronize()
+    net.zero_grad()
+    again = net.weight.detach().clone()
+    net(inputs(rank, 4, 2, scale=5.0)).sum().backward()
+    with opt.skip_synchronize():
+        opt.step()
+    want_again = sum(inputs(r, 4, 2, scale=5.0).sum(0) for r in range(size)) / size
     other = torch.nn.Linear(2, 1)
     momentum = torch.optim.SGD(other.parameters(), lr=0.1, momentum=0.9)
     other(inputs(rank, 4, 2)).sum().backward()
@@ -280,7 +290,8 @@ def horovod_patterns(rank: int, size: int) -> dict[str, Any]:
     hvd.broadcast_optimizer_state(momentum, 0, model=other)
     buffers = hvd.allgather(torch.cat([s["momentum_buffer"].view(1, -1) for s in momentum.state.values()], 1))
     return {
-        "skipped_step_then_model_zero_grad": close((before - net.weight.detach()).view(-1), want),
+        "skipped_step_then_model_zero_grad": close((before - again).view(-1), want),
+        "backward_after_synchronize_then_skip_synchronize": close((again - net.weight.detach()).view(-1), want_again),
         "integer_prescale_postscale": hvd.allreduce(mine, op=hvd.Sum, prescale_factor=2.5,
                                                     postscale_factor=0.5).tolist() == want_int,
         "broadcast_optimizer_state_model": bool((buffers == buffers[0]).all()),

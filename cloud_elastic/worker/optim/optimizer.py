@@ -456,7 +456,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             return None
         if fresh:
             self._ce_check_outside()
-        elif not self._ce_skip:
+        elif not (self._ce_skip and self._ce_synchronized):  # a backward since synchronize(): average it
             self.synchronize()
         taken: dict[int, Any] = {}
         if update is not None:
@@ -488,7 +488,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if fresh:  # a closure's first backward is still to come (``optim.closure``): nothing to average yet
             if not self._ce_sharded:
                 self._ce_check_outside()
-        elif not self._ce_skip:
+        elif not (self._ce_skip and self._ce_synchronized):  # a backward since synchronize(): average it
             self.synchronize()
         for snapshot in self._ce_snapshots:
             snapshot.flush()  # a commit of another TorchState kept as a snapshot
