@@ -198,7 +198,7 @@ class KubernetesPods(CloudGroupProvider):
         self._lock = threading.Lock()
         self._view = ClusterView(self.label, drain_taints=drain_taints, container=container,
                                  gpu_resource=gpu_resource, slots_per_host=slots_per_host,
-                                 drain_soft=drain_on_rebalance)
+                                 drain_soft=drain_on_rebalance, nodes_selected=bool(node_selector))
         self._api: Any = None
         self._watches: list[ResourceWatch] = []
         self._watching = False

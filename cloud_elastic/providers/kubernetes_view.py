@@ -35,8 +35,9 @@ is then later than the truth by the time the signal took to reach the view:
 usually the one event that woke the driver.
 
 A node deleted is one the view had and then lost: a ``DELETED`` event, or a
-relist without it (not a node it never had: nodes refused, or left out by
-``node_selector``). Its taints went with it, while its pods stay listed
+relist without it (not a node it never had: nodes refused; and never under
+``node_selector``, where a node relabelled out of the selector leaves the same
+way while it runs on). Its taints went with it, while its pods stay listed
 ``Running`` and ``Ready`` until the pod garbage collector deletes them (about
 40 s later): they drain until they go, or until a node of that name is listed
 again. A pod of a deleted node, like a terminating one, is not live below.
@@ -350,9 +351,13 @@ class ClusterView:
 
     def __init__(self, label: str, *, drain_taints: Iterable[str] = (), container: str | None = None,
                  gpu_resource: str = "nvidia.com/gpu", slots_per_host: int | None = None,
-                 drain_soft: bool = False) -> None:
+                 drain_soft: bool = False, nodes_selected: bool = False) -> None:
         self.label = label
         self.drain_soft = drain_soft
+        #: The nodes watch has a label selector (``-o node_selector``): a node that stops matching it leaves the
+        #: view as a deleted one does (a DELETED event, a relist without it), so a node gone is not taken for a
+        #: node deleted (its pods would drain while it runs on).
+        self.nodes_selected = nodes_selected
         #: Raised by every change that may change the snapshot (the provider caches it per version).
         self.version = 0
         self.hard = {**DRAIN_TAINTS, **{key: f"taint {key}" for key in drain_taints if key not in DRAIN_TAINTS}}
@@ -395,7 +400,7 @@ class ClusterView:
         ours = {p.node for p in self.pods.values()}
         changed = any(fresh.get(n) != self.nodes.get(n) for n in ours)
         unread = {key for kind, key in self._malformed if kind == "node"}  # in the list, but malformed: not gone
-        for name in set(self.nodes) - set(fresh) - unread:
+        for name in set() if self.nodes_selected else set(self.nodes) - set(fresh) - unread:
             self._nodes_gone.setdefault(name, None)
         for name in fresh:
             self._nodes_gone.pop(name, None)
@@ -412,7 +417,7 @@ class ClusterView:
         if kind == "DELETED" or record is None:
             self.nodes.pop(name, None)
             record = None
-            if kind == "DELETED":
+            if kind == "DELETED" and not self.nodes_selected:
                 self._nodes_gone.setdefault(name, None)
         else:
             self.nodes[name] = record

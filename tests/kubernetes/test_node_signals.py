@@ -110,3 +110,17 @@ def test_the_fatal_403_on_pods_asks_for_the_verbs_the_shipped_rbac_grants(kubern
     discovery.close()
     assert granted == {"list", "watch"}
     assert "(the driver needs list and watch on pods; see docs/providers.md)" in str(err.value), str(err.value)
+
+
+def test_under_a_node_selector_a_node_leaving_the_watch_is_not_taken_for_a_deleted_one(kubernetes, watched):
+    """Review h8: a watch with a label selector says DELETED of a node relabelled out of it, as of a node deleted,
+    while the node and its pods run on; its pods must not drain for it (the rule above needs the nodes unselected)."""
+    ns = "ns-node-selected"
+    kubernetes.add_node("sel-n1")
+    kubernetes.add_pod("p0", "10.74.3.1", namespace=ns, node="sel-n1")
+    w = watched(ns, node_selector="kubernetes.io/hostname")
+    assert set(w.first.ready) == {"10.74.3.1"}
+    delete_node(kubernetes, "sel-n1")  # what the watch says of a node relabelled out of the selector
+    kubernetes.add_pod("p1", "10.74.3.2", namespace=ns, node="sel-n1")  # a later event the driver sees
+    snapshot = w.until(lambda s: "10.74.3.2" in s.ready)
+    assert dict(snapshot.ready) == {"10.74.3.1": 1, "10.74.3.2": 1} and not snapshot.draining
