@@ -189,7 +189,8 @@ class Failures:
         self._take_host_along(w)
         if was_member:
             # A spare failing in the same moment sets last_failure after this: the rollback names this (review h4).
-            job.abort_reason = job.abort_reason or reason
+            if job.abort_round < job.round:  # not already aborted for another cause (a stall, a leaver)
+                job.abort_reason = job.abort_reason or reason
             job.abort()
         # Under --whole-hosts the failed worker's host-mates are leaving with it (just above): they are not
         # survivors. Counting them, a job whose every host had failed waited for --elastic-timeout instead

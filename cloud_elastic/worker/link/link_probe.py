@@ -173,8 +173,9 @@ class SlowLink:
 
 # -------------------------------------------------------------------- wire
 def _recv_exact(sock: socket.socket, n: int, within_s: float | None = None) -> bytes:
-    """``n`` bytes; socket.timeout past ``within_s`` in all (:data:`_IO_S` by default): a peer that sends a byte a second would hold each read
-    no longer than the socket's timeout, but the measurement without end (review h2, 2026-12-01)."""
+    """``n`` bytes; socket.timeout past ``within_s`` in all (:data:`_IO_S` by default): a peer that sends a byte
+    a second would hold each read no longer than the socket's timeout, but the measurement without end (review h2,
+    2026-12-01)."""
     within_s = _IO_S if within_s is None else within_s
     view, got, deadline = bytearray(n), 0, time.monotonic() + within_s
     while got < n:
@@ -186,6 +187,7 @@ def _recv_exact(sock: socket.socket, n: int, within_s: float | None = None) -> b
         if k == 0:
             raise ConnectionError("the peer closed the probe connection")
         got += k
+    sock.settimeout(within_s)  # the next send of the socket gets its own time, not what this read left
     return bytes(view)
 
 
