@@ -62,6 +62,7 @@ __all__ = [
     "read_record",
     "remove_driver_record",
     "note_ended",
+    "ended_info",
     "ended_line",
     "runtime_root",
     "write_driver_record",
@@ -188,14 +189,21 @@ def note_ended(job_id: str, how: str, root: Path | None = None) -> None:
         log.debug("could not keep how job %s ended: %s", job_id, exc)
 
 
+def ended_info(job_id: str, root: Path | None = None) -> tuple[float, str] | None:
+    """(when, how) ``job_id`` ended, as :func:`note_ended` kept it; None when nothing is kept."""
+    try:
+        kept = json.loads(((root or runtime_root()) / _ENDED / job_dir(job_id).name).read_text(encoding="utf-8"))
+        return float(kept["at"]), str(kept["how"])
+    except (OSError, ValueError, KeyError, TypeError, ConfigError):
+        return None
+
+
 def ended_line(job_id: str, root: Path | None = None) -> str | None:
     """How ``job_id`` ended and how long ago, as :func:`note_ended` kept it; None when nothing is kept."""
-    try:
-        kept = json.loads(((root or runtime_root()) / _ENDED / job_id).read_text(encoding="utf-8"))
-        ago, how = time.time() - float(kept["at"]), str(kept["how"])
-    except (OSError, ValueError, KeyError, TypeError):
+    ended = ended_info(job_id, root)
+    if ended is None:
         return None
-    return f"job {job_id} is not running: it ended {max(0.0, ago):.0f}s ago ({how})"
+    return f"job {job_id} is not running: it ended {max(0.0, time.time() - ended[0]):.0f}s ago ({ended[1]})"
 
 
 def _remove_kept_output(job_id: str, directory: Path) -> None:

@@ -13,10 +13,12 @@ Real jobs on loopback hosts:
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -63,3 +65,11 @@ def test_status_right_after_the_job_ended_says_how_it_ended(jobs, tmp_path):
     assert status.returncode == 2, status
     assert re.fullmatch(rf"cloud-elastic: error: job {job_id} is not running: it ended \d+s ago \(succeeded: "
                         r"training completed on 1 worker\(s\) after 0 reset\(s\)\)\n", status.stderr), status.stderr
+    # --json says it as JSON, for scripts (review h9: it printed the text line alone, on stderr).
+    status = subprocess.run([*CLI, "status", "--json", job_id], env={**os.environ, **env}, capture_output=True,
+                            text=True, timeout=30)
+    assert status.returncode == 0, status
+    told = json.loads(status.stdout)
+    assert (told["job"], told["running"], told["how"]) == (
+        job_id, False, "succeeded: training completed on 1 worker(s) after 0 reset(s)"), told
+    assert abs(told["ended_at"] - time.time()) < 60

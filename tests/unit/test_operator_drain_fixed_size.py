@@ -178,3 +178,28 @@ def test_a_drained_slot_during_set_up_says_it_leaves_now() -> None:
     done, message = sim.job.drain("a", 1, sim.now)
     assert done and message.startswith(f"worker {sim.id('a[1]')}, not yet in a round, leaves now (stopped in its "
                                        "set-up, or told to exit at rendezvous); slot a[1] blacklisted"), message
+
+
+def test_draining_the_last_host_of_a_fixed_list_ends_the_job_as_the_reply_says() -> None:
+    """Review h9 (2026-12-01): ``drain J b[0]`` then ``drain J a`` on ``-H a,b --min-np 1``: the reply said the job
+    ends once its workers have left, but the holder of the state on a held on for a successor that a fixed list can
+    never bring, and trained on without end."""
+    sim = started(2, {"a": 1, "b": 1}, min_np=1, hosts_fixed=True)
+    for slot in ("a[0]", "b[0]"):
+        sim.job.fixed.entered(sim.id(slot))
+    sim.commit("a[0]", "b[0]")
+    sim.advance(1)
+    sim.job.drain("b", None, sim.now)
+    sim.commit("a[0]", "b[0]")
+    sim.join("a[0]", "b[0]", reason="update")  # b leaves at the commit; a goes on alone
+    sim.exit("b[0]", CLEAN)
+    sim.advance(1)
+    done, message = sim.job.drain("a", None, sim.now)
+    assert done and "a fixed -H list cannot grow: the job ends once its workers have left" in message, message
+    sim.commit("a[0]")
+    sim.advance(1)
+    assert sim.job.workers[sim.id("a[0]")].state in (S.DRAINING, S.EXITING), sim.job.workers[sim.id("a[0]")].state
+    sim.join("a[0]", reason="update")  # it leaves at its commit
+    sim.exit("a[0]", CLEAN)
+    sim.advance(1)
+    assert sim.outcome is not None, "the job trained on after the reply said it ends"

@@ -258,11 +258,27 @@ class Leavers:
         if drain.deadline is not None:
             return leave_by < drain.deadline
         job = self._job
+        if job.policy.hosts_fixed and not self._successor_possible():
+            return False  # nobody can ever take the state over: they leave (checkpointing first), and the job ends
         if job.state_committed or now < self._held_since.get(w.worker_id, now) + FIRST_COMMIT_HOLD_S:
             return True
         # Past the bound, only a waiting newcomer ends the hold (it starts over): with none, nobody would take over.
         r = job.round
         return not any(o.state is S.WAITING and o.round != r for o in job.alive())
+
+    def _successor_possible(self) -> bool:
+        """On a fixed host list: whether a worker may yet take the state over from holders on drained hosts (one
+        waiting, or a slot of a host not drained that no live worker holds and that is not blacklisted for good).
+        Review h9: a hand drain of a fixed list's last host replied that the job ends, while its holders, holding
+        for a successor that could never come, trained on without end."""
+        job = self._job
+        r = job.round
+        if any(o.state is S.WAITING and o.round != r for o in job.alive()):
+            return True
+        hosts = job.hosts
+        occupied = {(o.slot.host, o.slot.index) for o in job.alive()}
+        return any((h, i) not in occupied and not hosts.blacklist.for_good(Slot(h, i))
+                   for h, n in hosts.ready.items() if h not in hosts.held and h not in hosts.draining for i in range(n))
 
     def leave_uncommitted(self, leavers: list[WorkerRecord], round_: int) -> None:
         """Round ``round_`` forms from step 0 without ``leavers``, members of the round before draining for a
