@@ -29,6 +29,9 @@ POLL_INTERVAL_S = 0.5
 #: Metadata answers are small; anything bigger is not a metadata service.
 MAX_BODY = 1 << 20
 
+#: How many kinds of trouble a watcher's :class:`Complaints` remembers.
+MAX_KINDS = 64
+
 
 class Unreachable(Exception):
     """No connection to the metadata service (refused, no route, connect timeout). Never leaves the package."""
@@ -147,7 +150,13 @@ def request(
 
 
 class Complaints:
-    """Logs each kind of trouble once, then at most every ``every_s`` with a count."""
+    """Logs each kind of trouble once, then at most every ``every_s`` with a count.
+
+    It remembers at most :data:`MAX_KINDS` kinds, the oldest forgotten first: a kind can come from
+    the service's answer (an unknown Azure event type), and a service that made up a new one at
+    every read must not grow the watcher without bound (the kind unused longest is forgotten, and logged
+    again if it returns).
+    """
 
     def __init__(self, every_s: float = 300.0, clock: Callable[[], float] = time.monotonic) -> None:
         self._every_s = every_s
@@ -161,11 +170,17 @@ class Complaints:
         with self._lock:
             last = self._last.get(key)
             if last is not None and now - last < self._every_s:
+                self._last[key] = self._last.pop(key)  # the newest in use: forgotten last
                 self._suppressed[key] = self._suppressed.get(key, 0) + 1
                 log.debug("%s", message)
                 return
+            self._last.pop(key, None)  # re-inserted last: the dict's order is the kinds' age
             self._last[key] = now
             more = self._suppressed.pop(key, 0)
+            while len(self._last) > MAX_KINDS:
+                oldest = next(iter(self._last))
+                del self._last[oldest]
+                self._suppressed.pop(oldest, None)
         suffix = f" ({more} more like it since)" if more else ""
         log.log(level, "%s; ignored%s", message, suffix)
 

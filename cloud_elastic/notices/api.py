@@ -77,7 +77,7 @@ NOTICE_GRACE_S = 120.0
 SOFT_NOTICE_TTL_S = 600.0
 #: A hard notice's deadline counts at most this far ahead for its lapse: a garbled time (a Spot notice for
 #: the year 9999) would otherwise keep a host off for ever. The longest real notices: an hour's GCE
-#: maintenance on a GPU VM. (``cloud_elastic.driver.job.hosts`` keeps the same value under the same name.)
+#: maintenance on a GPU VM, a lifecycle hook's timeout (the driver's host book and the queue's watcher both use it).
 MAX_NOTICE_LEAD_S = 3600.0
 
 

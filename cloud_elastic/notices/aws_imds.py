@@ -6,9 +6,11 @@ the session token:
 * ``/latest/meta-data/spot/instance-action``: 404 while there is no notice;
   ``{"action": "terminate"|"stop"|"hibernate", "time": "…Z"}`` about two minutes
   before the interruption → :data:`TERMINATE` with that deadline (a stopped or
-  hibernated instance leaves the job just the same).
+  hibernated instance leaves the job just the same, and so does an action this
+  code does not know, logged once). One notice per action: its first time is
+  the deadline.
 * ``/latest/meta-data/events/recommendations/rebalance``: ``{"noticeTime": "…Z"}``
-  → the soft :data:`REBALANCE`, no deadline.
+  → the soft :data:`REBALANCE`, no deadline (one per instance).
 * ``/latest/meta-data/autoscaling/target-lifecycle-state``: ``Terminated`` →
   :data:`TERMINATE`, no deadline (the group's lifecycle hook holds the instance).
 
@@ -142,18 +144,27 @@ class AWSMetadataWatcher(PollingWatcher):
 
     def _spot(self, body: bytes) -> Notice:
         doc = self._json(body, "spot/instance-action")
-        action = doc.get("action")
-        if action not in SPOT_ACTIONS:
-            raise BadAnswer("spot/instance-action: bad action", f"spot/instance-action: unknown action {action!r}")
         deadline = parse_aws_time(doc.get("time"), "spot/instance-action")
-        return Notice(SOURCE_AWS, TERMINATE, deadline, f"EC2 Spot interruption: {action} at {doc['time']}",
-                      f"aws-spot:{action}:{doc['time']}")
+        action = doc.get("action")
+        if action in SPOT_ACTIONS:
+            what = str(action)
+        else:
+            # The path answers only while EC2 is about to take the instance, whatever it calls the action
+            # (the queue's watcher drains the same way): leave, and say once what was not understood.
+            what = f"unknown action {str(action)[:40]!r}"
+            self._complain(f"{self.source}: spot action", f"{self.source}: spot/instance-action: {what}; "
+                           "draining the host as for terminate")
+        # One notice per action, whatever its time: a service whose time moved at every read would
+        # otherwise send the driver a new notice every cycle (and grow the book of those reported).
+        return Notice(SOURCE_AWS, TERMINATE, deadline, f"EC2 Spot interruption: {what} at {str(doc['time'])[:40]}",
+                      f"aws-spot:{what}")
 
     def _rebalance(self, body: bytes) -> Notice:
         doc = self._json(body, "events/recommendations/rebalance")
         when = doc.get("noticeTime")
         parse_aws_time(when, "events/recommendations/rebalance")
-        return Notice(SOURCE_AWS, REBALANCE, None, f"EC2 rebalance recommendation at {when}", f"aws-rebalance:{when}")
+        return Notice(SOURCE_AWS, REBALANCE, None, f"EC2 rebalance recommendation at {str(when)[:40]}",
+                      "aws-rebalance")
 
     def _lifecycle(self, body: bytes) -> Notice | None:
         state = body.decode("utf-8", "replace").strip()

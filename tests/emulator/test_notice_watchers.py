@@ -161,8 +161,6 @@ def test_aws_malformed_answers_are_ignored_and_the_watcher_keeps_going(aws_fake,
     aws_fake.set_raw_spot_action(b"{not json")
     sink = run(watcher)
     more_polls(aws_fake, SPOT, 8)
-    aws_fake.set_raw_spot_action(json.dumps({"action": "explode", "time": aws_time(time.time())}).encode())
-    more_polls(aws_fake, SPOT, 3)
     aws_fake.set_raw_spot_action(json.dumps({"action": "terminate", "time": "yesterday"}).encode())
     more_polls(aws_fake, SPOT, 3)
     assert sink.notices == [] and watcher_alive(watcher)
@@ -170,10 +168,37 @@ def test_aws_malformed_answers_are_ignored_and_the_watcher_keeps_going(aws_fake,
     assert sum("HTTP 500" in m for m in messages) == 1, messages  # six 500s, one line
     assert sum("not JSON" in m for m in messages) == 1, messages
     assert any("no answer within" in m for m in messages), messages
-    assert any("unknown action 'explode'" in m for m in messages), messages
     assert any("unreadable time 'yesterday'" in m for m in messages), messages
     aws_fake.set_spot_action("terminate", time.time() + 100)
     assert sink.wait()[0].kind == TERMINATE
+
+
+def test_aws_spot_action_it_does_not_know_still_drains_the_host_and_says_so(aws_fake, run, caplog):
+    # The path answers only while EC2 is about to take the instance: a new action name must not hide that.
+    caplog.set_level(logging.WARNING, logger="cloud_elastic.notices")
+    when = time.time() + 90
+    aws_fake.set_raw_spot_action(json.dumps({"action": "explode", "time": aws_time(when)}).encode())
+    sink = run(AWSMetadataWatcher(aws_fake.url, **FAST))
+    [notice] = sink.wait()
+    assert (notice.kind, round(notice.deadline)) == (TERMINATE, round(when))
+    assert "unknown action 'explode'" in notice.reason
+    more_polls(aws_fake, SPOT, 5)
+    assert len(sink.notices) == 1
+    assert sum("unknown action 'explode'" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_aws_spot_notice_whose_time_moves_at_every_read_is_reported_once(aws_fake, run):
+    sink = run(AWSMetadataWatcher(aws_fake.url, **FAST))
+    first = time.time() + 120
+    for step in range(6):
+        aws_fake.set_spot_action("terminate", first + step)
+        more_polls(aws_fake, SPOT, 2)
+    aws_fake.set_rebalance(time.time())
+    more_polls(aws_fake, REBALANCE_PATH, 2)
+    aws_fake.set_rebalance(time.time() + 5)
+    more_polls(aws_fake, REBALANCE_PATH, 3)
+    assert [(n.kind, n.deadline and round(n.deadline)) for n in sink.notices] == [
+        (TERMINATE, round(first)), (REBALANCE, None)]
 
 
 def test_aws_unreachable_service_is_logged_once_and_retried_slowly(run, caplog):
@@ -599,7 +624,7 @@ def test_by_hand_prints_each_notice_as_a_json_line(aws_fake):
     [line] = result.stdout.splitlines()
     assert json.loads(line) == {"source": "aws-imds", "kind": "terminate", "deadline": 1800000000,
                                 "reason": "EC2 Spot interruption: terminate at 2027-01-15T08:00:00Z",
-                                "event_id": "aws-spot:terminate:2027-01-15T08:00:00Z"}
+                                "event_id": "aws-spot:terminate"}
 
 
 def test_by_hand_with_a_bad_endpoint_variable_says_so_in_one_line():

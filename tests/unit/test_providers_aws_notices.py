@@ -202,10 +202,3 @@ def test_the_book_forgets_the_oldest_foreign_instances_it_logged_so_its_memory_s
     assert grown < 256 * 1024, f"{grown} bytes more after 20,000 more instances"  # unbounded: about 2.5 MB
     spot = parse_message(eventbridge("EC2 Spot Instance Interruption Warning", {"instance-id": I}))
     assert book.take(spot, [I]) == "recorded"
-
-
-def test_the_queue_caps_a_notices_lead_as_the_driver_does():
-    from cloud_elastic.driver.job import hosts
-    from cloud_elastic.notices import api
-
-    assert api.MAX_NOTICE_LEAD_S == hosts.MAX_NOTICE_LEAD_S == 3600

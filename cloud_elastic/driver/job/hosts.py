@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Collection, Hashable
 
 from cloud_elastic.driver.job.repeats import REPEATS, Streak
-from cloud_elastic.notices.api import NOTICE_GRACE_S, SOFT_NOTICE_TTL_S, renewed
+from cloud_elastic.notices.api import MAX_NOTICE_LEAD_S, NOTICE_GRACE_S, SOFT_NOTICE_TTL_S, renewed
 from cloud_elastic.providers.api import MAX_HOSTS, DiscoveredHosts, Drain
 
 __all__ = ["Slot", "Blacklist", "HostChanges", "HostManager", "Keep", "MAX_MISSING", "blocked_for", "blocked_s",
@@ -173,9 +173,6 @@ MAX_MISSING = MAX_HOSTS
 #: How much longer the notice of a host given back lasts while the same instance is listed (see HostManager).
 GIVEN_BACK_GRACE_S = 600.0
 
-#: A hard notice's deadline counts at most this far ahead for its lapse (the longest real notices: an
-#: hour's GCE maintenance on a GPU VM, a lifecycle hook's timeout, which the group's state outlasts anyway).
-MAX_NOTICE_LEAD_S = 3600.0
 
 
 @dataclass(frozen=True)
