@@ -71,8 +71,14 @@ class Timeline:
         workers = sum(len(lives) for lives in self.lanes.values())
         lost = sum(r[1] for r in self.rollbacks)
         cost = f", cost ${self.cost[-1][1]:.4g}" if self.cost else ""
-        return (f"job {self.job}: {workers} workers on {len(self.lanes)} host slots, {len(self.world)} rounds, "
-                f"{len(self.rollbacks)} rollbacks ({lost} steps lost), {len(self.notices)} notices{cost}")
+        return (f"job {self.job}: {_count(workers, 'worker')} on {_count(len(self.lanes), 'host slot')}, "
+                f"{_count(len(self.world), 'round')}, {_count(len(self.rollbacks), 'rollback')} "
+                f"({_count(lost, 'step')} lost), {_count(len(self.notices), 'notice')}{cost}")
+
+
+def _count(n: int, noun: str) -> str:
+    """``1 worker``, ``2 workers``."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def read_events(path: str, job: str | None = None) -> list[dict[str, Any]]:

@@ -35,7 +35,7 @@ def test_timeline_command_writes_a_png_of_the_recorded_job(tmp_path: Path) -> No
     assert width >= 600 and height >= 300
     assert result.stdout.strip() == (
         f"cloud-elastic: wrote {out} (job {JOB}: 5 workers on 5 host slots, 4 rounds, "
-        "1 rollbacks (7 steps lost), 1 notices, cost $0.0125)"  # the recorded cost event's running total
+        "1 rollback (7 steps lost), 1 notice, cost $0.0125)"  # the recorded cost event's running total
     )
 
 
