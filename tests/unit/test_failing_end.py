@@ -101,7 +101,7 @@ def test_the_reset_limit_checkpoints_the_survivors_commit_before_the_job_fails()
     sim.job.checkpoint_saved(90, 9)
     sim.exit("a[2]", CLEAN)
     assert sim.outcome is not None and sim.outcome.exit_code == 1
-    assert sim.outcome.reason == ("reset limit exceeded: 2 resets > --reset-limit 1; checkpoint of step 90 written; "
+    assert sim.outcome.reason == ("reset limit exceeded: reset 2 would exceed --reset-limit 1; checkpoint of step 90 written; "
                                   "the same command resumes from it")
 
 

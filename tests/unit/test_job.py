@@ -440,6 +440,7 @@ def test_reset_limit_exceeded_fails_naming_the_limit() -> None:
     sim.exit("a[1]")
     sim.join("a[2]", reason="failure")
     failed(sim, "reset limit exceeded", "--reset-limit 1")
+    assert sim.job.resets == 1  # the one round formed after the first; the refused one never formed
 
 
 def test_below_min_np_past_elastic_timeout_fails_with_last_failure() -> None:

@@ -120,7 +120,8 @@ def test_the_reset_limit_ends_the_job_instead_of_forming_a_round() -> None:
     rounds.maybe_form(T0)
     arrive(job, rounds, a0)
     rounds.maybe_form(T0 + 1)
-    assert job.round == 1 and "reset limit exceeded: 1 resets > --reset-limit 0" in job.outcome.reason
+    assert job.round == 1 and "reset limit exceeded: reset 1 would exceed --reset-limit 0" in job.outcome.reason
+    assert job.resets == 0  # job_finished's count: no round formed after the first
 
 
 def test_news_names_the_workers_that_stopped_waiting_since_the_last_step() -> None:

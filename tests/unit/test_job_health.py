@@ -86,6 +86,9 @@ def test_an_operator_drains_one_slot_or_a_whole_host():
     done, message = sim.job.drain("a", 1, sim.now)
     assert done and "leaves at its next commit" in message
     assert sim.job.workers[sim.id("a[1]")].state is S.DRAINING and sim.blocked("a[1]")
+    # Nothing failed there: status says 0 failures, and the slot's next real failure is its first.
+    [(slot, _, failures)] = sim.job.hosts.blacklist.blocked_slots(sim.now)
+    assert (slot.host, slot.index, failures) == ("a", 1, 0)
     assert sim.job.drain("c", None, sim.now) == (False, "no host c in this job")
     assert sim.job.drain("a", 7, sim.now) == (False, "no worker on a[7]")
     done, message = sim.job.drain("b", None, sim.now)

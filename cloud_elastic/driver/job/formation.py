@@ -442,10 +442,13 @@ class RoundFormation:
             job.end(False, f"training state lost: {job.commits_lost_reason() or plan.reason}", 1)
             return
         if job.round > 0:
-            job.resets += 1
-            if job.policy.reset_limit is not None and job.resets > job.policy.reset_limit:
-                job.end(False, f"reset limit exceeded: {job.resets} resets > --reset-limit {job.policy.reset_limit}", 1)
+            # ``resets`` counts the rounds formed after the first (job_finished's field, the resets metric):
+            # the one refused here never forms.
+            if job.policy.reset_limit is not None and job.resets + 1 > job.policy.reset_limit:
+                job.end(False, f"reset limit exceeded: reset {job.resets + 1} would exceed --reset-limit "
+                        f"{job.policy.reset_limit}", 1)
                 return
+            job.resets += 1
         behind = self._uncommitted_left_behind(plan)
         if behind:
             self._drains.leave_uncommitted(behind, job.round + 1)
@@ -533,7 +536,7 @@ class RoundFormation:
             job.emit("rollback", round=aborted, commit_step=commit if job.state_committed else None,
                      steps_lost=self.steps_lost, reason=job.abort_reason or job.last_failure or "a collective failed")
             if job.state_committed:
-                log.info("job %s: round %d's survivors rolled back %d step(s), to their commit of step %d",
+                log.info("job %s: round %d's survivors rolled back %d step(s), to their commit #%d",
                          job.job_id, aborted, self.steps_lost, commit)
             elif self.steps_lost:
                 log.warning("job %s: round %d's survivors went back to the initial state, losing %d optimizer step(s): "

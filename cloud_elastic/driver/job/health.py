@@ -294,7 +294,9 @@ class Health:
             return False, f"no worker on {host}[{slot}]"
         w = mine[0]
         why = f"drained by hand (cloud-elastic drain {host}:{slot})"
-        delay = job.hosts.blacklist.record_failure(Slot(host, slot), now)
+        # Nothing failed: the slot waits the shortest cooldown and its failure count (which doubles the next real
+        # failure's cooldown, and status shows) stays as it was.
+        delay = job.hosts.blacklist.retry_soon(Slot(host, slot), now)
         log.warning("job %s: worker %s (%s) %s; %s; its slot is blacklisted %s", job.job_id, w.worker_id, w.label,
                     why, self._leave_how(w, "it"), blocked_for(delay))
         how = self._leave_how(w, f"worker {w.worker_id}")  # read before send_away changes its state

@@ -95,7 +95,7 @@ class Blacklist:
 
         For a host not reachable yet (still booting): it is no worse for being tried again, and a count
         raised at every try would both space the tries past the time it answers and make its first real
-        failure, later, cost the longest cooldowns.
+        failure, later, cost the longest cooldowns. For a slot drained by hand: nothing failed there.
         """
         if self.for_good(slot):
             return math.inf
