@@ -13,7 +13,7 @@ from typing import Any
 from cloud_elastic.driver.job.actions import Finish, Phase, Policy
 from cloud_elastic.driver.job.hosts import Blacklist, HostManager, Slot
 from cloud_elastic.driver.job.repeats import Trained
-from cloud_elastic.driver.job.workers import WorkerRecord, WorkerState
+from cloud_elastic.driver.job.workers import WorkerBook, WorkerRecord, WorkerState
 
 S = WorkerState
 T0 = 1000.0
@@ -27,7 +27,7 @@ class FakeJob:
         self.job_id = "t"
         self.policy = Policy(np, np if min_np is None else min_np, np if max_np is None else max_np, **policy)
         self.hosts = hosts or HostManager(Blacklist((10.0, 10.0), random.Random(0)))
-        self.workers: dict[str, WorkerRecord] = {}
+        self.workers = WorkerBook()
         self.phase = Phase.STARTING
         self.round = 0
         self.resets = 0

@@ -264,7 +264,7 @@ def test_the_log_says_how_many_steps_a_rollback_lost_and_to_which_commit(caplog)
     sim._collect()
     assert_round({"a[0]": sim.reply("a[0]")}, 2, needs_sync=True)
     lines = [r.getMessage() for r in caplog.records if "rolled back" in r.getMessage()]
-    assert lines == ["job t: round 1's survivors rolled back 2 step(s), to their commit of step 5"]
+    assert lines == ["job t: round 1's survivors rolled back 2 step(s), to their commit #5"]
 
 
 def test_a_drained_host_the_group_keeps_takes_a_worker_again_once_its_notice_lapses(caplog) -> None:

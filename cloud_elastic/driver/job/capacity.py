@@ -107,7 +107,7 @@ class Capacity:
         if room <= 0 and not starting:
             return  # a full job need not look for free slots (a scan of every slot of the group)
         # A worker given up (LOST) may still be running on its GPU until its process is gone.
-        occupied = {(w.slot.host, w.slot.index) for w in job.workers.values() if w.state is not S.EXITED}
+        occupied = {(w.slot.host, w.slot.index) for w in job.workers.unexited()}
         free = [s for s in job.hosts.available_slots(now) if (s.host, s.index) not in occupied]
         only = self._fixed.plain_retries() if self._fixed is not None else None
         if only is not None:  # a plain command's run: its booting hosts' slots alone, tried again (.fixed_size)
@@ -289,9 +289,7 @@ class Capacity:
         hosts, whole = job.hosts, job.policy.whole_host_slots
         draining = self.drained_stay() if drained_stay is None else drained_stay
         occupied, staying = set(), 0
-        for w in job.workers.values():
-            if w.state is S.EXITED:
-                continue
+        for w in job.workers.unexited():
             occupied.add((w.slot.host, w.slot.index))  # a worker given up may still run until its process is gone
             if (w.state in _STAYING and hosts.stays(w.slot)) or (draining and w.state is S.DRAINING):
                 staying += 1

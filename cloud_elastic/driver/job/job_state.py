@@ -16,7 +16,7 @@ from cloud_elastic.driver.job.actions import Action, Finish, Phase, Policy
 from cloud_elastic.driver.job.hosts import HostManager
 from cloud_elastic.driver.job.liveness import RunningClock, SilenceWatch
 from cloud_elastic.driver.job.repeats import Trained
-from cloud_elastic.driver.job.workers import WorkerRecord, WorkerState
+from cloud_elastic.driver.job.workers import WorkerBook, WorkerRecord, WorkerState
 
 __all__ = ["JobState", "ACTIVE", "MEMBER"]
 
@@ -40,7 +40,7 @@ class JobState:
     resets: int = 0
     update_gen: int = 0
     abort_round: int = 0
-    workers: dict[str, WorkerRecord] = field(default_factory=dict)
+    workers: WorkerBook = field(default_factory=WorkerBook)  # every worker the job started (see WorkerBook)
     outcome: Finish | None = None
     #: Some worker has committed: from now on, the state must never be lost.
     state_committed: bool = False
@@ -101,7 +101,7 @@ class JobState:
         # _alive_memo until a worker is born or dies), identity tests instead of WorkerRecord.alive.
         if self._alive_memo is not None:
             return self._alive_memo
-        return [w for w in self.workers.values() if w.state is not S.LOST and w.state is not S.EXITED]
+        return [w for w in self.workers.unexited() if w.state is not S.LOST]
 
     def forget_alive(self) -> None:
         self._alive_memo = None

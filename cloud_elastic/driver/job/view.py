@@ -21,7 +21,7 @@ from typing import Any, Protocol
 from cloud_elastic.driver.job.actions import Action, Finish, Phase, Policy
 from cloud_elastic.driver.job.hosts import HostManager
 from cloud_elastic.driver.job.repeats import Trained
-from cloud_elastic.driver.job.workers import WorkerRecord
+from cloud_elastic.driver.job.workers import WorkerBook, WorkerRecord
 
 __all__ = ["JobView"]
 
@@ -32,7 +32,7 @@ class JobView(Protocol):
     job_id: str
     policy: Policy
     hosts: HostManager
-    workers: dict[str, WorkerRecord]
+    workers: WorkerBook  # every worker started; unexited() the ones a step scans
     phase: Phase
     round: int
     resets: int
