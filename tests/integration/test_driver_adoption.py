@@ -166,6 +166,21 @@ def test_a_worker_lost_while_the_driver_was_away_takes_the_normal_failure_path(j
     assert not processes_of_job(job_id)
 
 
+def test_a_signal_while_a_restarted_driver_adopts_still_stops_at_a_commit_with_the_trained_state(jobs, tmp_path):
+    """Before (review h13): a SIGTERM in the adoption window ended it at once, the predecessor's workers not yet back
+    were stopped as missing, and the job's newest checkpoint was that of step 1 (60 trained steps gone, said nowhere)."""
+    args, env, job_id, _ = _start(jobs, tmp_path)
+    trained = max(e["step"] for seen in _events(tmp_path / "events").values() for e in seen if e["kind"] == "commit")
+    second = jobs(args, env=env)
+    second.wait_for(lambda j: "listening at the previous driver's" in j.output(), timeout=60, what="the window")
+    os.kill(second.proc.pid, signal.SIGTERM)
+    assert second.finish(90) == 128 + signal.SIGTERM, second.output()
+    out = second.output()
+    written = re.search(r"checkpoint of step (\d+) written; the same command resumes from it", out)
+    assert written and int(written.group(1)) >= trained, out
+    assert not processes_of_job(job_id), "a worker outlived the job"
+
+
 @pytest.mark.timeout(120)
 def test_a_restarted_driver_binds_its_predecessors_port_once_another_socket_lets_go_and_adopts(jobs, tmp_path):
     """The first driver's ports are ones the kernel hands to no one else; one taken all the same (here by a server

@@ -343,7 +343,11 @@ class Driver:
         with self._cond:
             self._job.discovery.answered_before = True  # a "fatal" error now may pass: never stop what we adopt
         first = self._first_discovery(once=True)  # the workers re-register meanwhile, on the server's thread
-        closed = window.wait(lambda: self._stop_reason is not None)
+        # A first signal with --checkpoint-dir stops gracefully: the window still runs its short course, so that the
+        # predecessor's workers are adopted and stop at a commit with a checkpoint. Cut short, those not yet back were
+        # stopped as missing, and the job resumed from an older checkpoint than they held (review h13: step 1 of 60).
+        # A second signal, or one without checkpoints, stops now.
+        closed = window.wait(lambda: self._stop_now or (self._stop_reason is not None and self._durable is None))
         if closed.adopted:
             self._predecessor_gone = True  # the missing ones are being stopped below, and joined at shutdown
             log.warning("job %s: adopted %d running worker(s) %.2fs after the driver started", self.job_id,
@@ -364,7 +368,7 @@ class Driver:
         with self._cond:
             if first is not None:
                 self._job.discovered(first, self._clock())
-            elif going_on and closed.adopted:  # discovery failed: its workers train on where they are
+            elif closed.adopted:  # discovery failed, or a signal came first: its workers train (or stop) where they are
                 self._job.discovery.assume(adopted_hosts(closed.adopted), len(closed.adopted), self._clock())
             window.close()
         if first is not None or (going_on and closed.adopted):

@@ -96,7 +96,8 @@ def _discover_first(poller: DiscoveryPoller, job: ElasticJob, cond: JobCondition
         with cond:
             reason = stop_reason()
             if reason is not None:
-                job.stop(*reason)
+                if not once:  # a restarted driver's one call (``once``) ends in its adoption window: the job stops
+                    job.stop(*reason)  # from the loop, gracefully, with the workers it adopts (review h13)
                 return None
             if not isinstance(result, DiscoveryFailure):
                 return result
