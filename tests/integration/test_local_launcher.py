@@ -331,9 +331,11 @@ def test_an_exit_is_told_at_once_though_a_child_the_worker_left_holds_its_output
         request.getfixturevalue("parent_of_servers")
     else:
         monkeypatch.setenv("CLOUD_ELASTIC_LOCAL_FORKSERVER", "0")
+    # The child leaves the worker's group (its own session), which the worker's end does not kill (the next test).
     (tmp_path / "train.py").write_text(
         "import subprocess, sys, time\n"
-        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])  # inherits stdout\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'],\n"
+        "                         start_new_session=True)  # inherits stdout\n"
         "print('ready', child.pid, flush=True)\ntime.sleep(600)\n")
     lines: list[str] = []
     launcher = LocalLauncher()
@@ -355,3 +357,33 @@ def test_an_exit_is_told_at_once_though_a_child_the_worker_left_holds_its_output
             except ProcessLookupError:
                 pass
         launcher.close()
+
+
+@pytest.mark.parametrize("how", ["forked", "started from scratch"])
+def test_what_a_worker_left_in_its_group_ends_with_it_when_it_exits_by_itself(tmp_path, monkeypatch, request, how):
+    """Review h13: a script that started ``sleep 300`` and returned left it running after the job (over ssh the
+    wrapper killed it). Now a local worker's group goes when its exit is seen, as on a host."""
+    if how == "forked":
+        request.getfixturevalue("parent_of_servers")
+    else:
+        monkeypatch.setenv("CLOUD_ELASTIC_LOCAL_FORKSERVER", "0")
+    (tmp_path / "train.py").write_text(
+        "import subprocess, sys\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'],\n"
+        "                         stdout=subprocess.DEVNULL)\n"
+        "print('ready', child.pid, flush=True)\n")
+    lines: list[str] = []
+    launcher = LocalLauncher()
+    child = None
+    try:
+        spec = WorkerSpec(worker_id="w1", host="127.0.0.1", slot=0, env={}, secret="s", cwd=str(tmp_path),
+                          command=("python", "train.py"))
+        proc = launcher.launch(spec, lines.append)
+        assert _wait(proc.poll, 60, "the worker's exit").code == 0
+        child = int(next(x.split()[1] for x in lines if x.startswith("ready")))
+        _wait(lambda: _state(child) in ("", "Z"), 10, "the child it left to end with it")
+    finally:
+        if child is not None and _state(child) not in ("", "Z"):
+            os.kill(child, signal.SIGKILL)
+        launcher.close()
+

@@ -113,14 +113,23 @@ def _receive(sock: socket.socket) -> tuple[dict[str, Any] | None, list[int]]:
 
 
 def _reap(sock: socket.socket) -> None:
-    """Report every child that has ended."""
+    """Report every child that has ended, once what it left in its process group is killed.
+
+    A worker is its own session's leader: a process it started and never waited for outlived it when it exited by
+    itself (review h13). Its zombie keeps the group's id from reuse until the ``waitpid`` below; ``WNOWAIT`` finds it
+    without reaping it."""
     while True:
         try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
+            found = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
         except ChildProcessError:
             return
-        if pid == 0:
+        if found is None:
             return
+        try:
+            os.killpg(found.si_pid, signal.SIGKILL)
+        except OSError:
+            pass  # nothing left in it
+        pid, status = os.waitpid(found.si_pid, 0)
         _send(sock, {"op": "exit", "pid": pid, "code": os.waitstatus_to_exitcode(status)})
 
 

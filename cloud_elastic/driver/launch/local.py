@@ -190,6 +190,14 @@ class OutputEnd:
             self._reader.thread.join(DRAIN_WAIT_S)
 
 
+def _ended_unreaped(pid: int) -> bool:
+    """Whether child ``pid`` has ended and is not reaped yet (a zombie); it stays so (``WNOWAIT``)."""
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:
+        return False
+
+
 def kill_group(pid: int, sig: int) -> None:
     """Send ``sig`` to process group ``pid``; a group that is gone is fine."""
     try:
@@ -237,7 +245,17 @@ class LocalProcess:
         return self._popen.pid
 
     def poll(self) -> ExitStatus | None:
-        """The exit status once the child has ended (reaping it) and its output is read, else ``None``. Never blocks."""
+        """The exit status once the child has ended (reaping it) and its output is read, else ``None``. Never blocks.
+
+        When it has ended, what it left in its process group (a helper it started, a ``subprocess`` it never waited
+        for) is killed before it is reaped, as the ssh wrapper does on a host: such a process outlived a worker that
+        exited by itself (review h13). Its zombie keeps the group's id from reuse until then."""
+        if self._popen.returncode is None and self._lock.acquire(blocking=False):  # else terminate() is at it
+            try:
+                if _ended_unreaped(self._popen.pid):
+                    kill_group(self._popen.pid, signal.SIGKILL)
+            finally:
+                self._lock.release()
         code = self._popen.poll()
         return None if code is None or self._output.holds() else ExitStatus(code)
 
