@@ -373,7 +373,9 @@ def status(job: str | None, as_json: bool, show_all: bool) -> int:
 
     Without JOB: the list, or the one job's status when exactly one is running. The
     list holds running drivers and those gone within their --driver-grace (their
-    workers may still run); a record gone a day past its grace is deleted.
+    workers may still run); a record gone a day past its grace is deleted. A JOB
+    that ended lately is said to have ended, how and when (exit status 0); a JOB
+    never seen here is an error (exit status 2).
 
     Asks the job's driver over its authenticated control plane; only the user
     who started the job can read its secret, so only that user can ask.
@@ -396,12 +398,16 @@ def status(job: str | None, as_json: bool, show_all: bool) -> int:
     try:
         reply = st.query_status(job)
     except ConfigError:
-        ended = records.ended_info(job) if as_json else None
-        if ended is None:
+        ended, line = records.ended_info(job), records.ended_line(job)
+        if ended is None or line is None:
             raise
-        # A job that ended lately, for scripts as for people (review h9: --json printed the text line alone).
-        json.dump({"job": job, "running": False, "ended_at": ended[0], "how": ended[1]}, sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        # A job that ended lately is an answer, not a mistake on the command line (exit 2): said on stdout with
+        # exit 0, as JSON for scripts (review h9: --json printed the text line alone), and in one line for people.
+        if as_json:
+            json.dump({"job": job, "running": False, "ended_at": ended[0], "how": ended[1]}, sys.stdout, indent=2)
+            sys.stdout.write("\n")
+        else:
+            sys.stdout.write(line + "\n")
         return 0
     if as_json:
         json.dump(reply.to_json(), sys.stdout, indent=2)

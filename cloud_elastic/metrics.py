@@ -10,6 +10,11 @@ report: the optimizer steps its process has taken (the step rate) and the job's 
 in commits (``state.commit()`` calls, as ``round_formed.step``): the training step only when the script
 commits once per step.
 
+The world size and the step rate are read from the job itself at each scrape (:meth:`MetricsServer.follow`,
+which the driver's control plane calls), as ``status`` shows them: no event says that a round's members are
+gone before the next round forms, nor that rank 0's heartbeats stopped, and the figures the events leave
+would read on for as long as the job waits for workers (up to ``--elastic-timeout``).
+
 Every metric lives in the server's own registry (no process-global state) and
 carries no per-host labels, so its cardinality stays fixed whatever the group does.
 They are served by the driver's own bounded listener (:class:`~cloud_elastic.driver.net.scrape_server.ScrapeServer`:
@@ -23,17 +28,25 @@ import collections
 import logging
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from cloud_elastic.driver.net.scrape_server import ScrapeServer
 from cloud_elastic.errors import ConfigError
 from cloud_elastic.event_schema import validate
 
-__all__ = ["MetricsServer", "StepRate"]
+__all__ = ["LiveFigures", "MetricsServer", "STALE_HEARTBEATS", "StepRate"]
 
 log = logging.getLogger(__name__)
 
 _EXTRA_HINT = "--metrics-port needs the prometheus-client package: pip install 'cloud-elastic[metrics]'"
+
+#: Rank 0's heartbeats that may be missed before its step rate reads 0 (see :meth:`StepRate.as_of`): one late
+#: heartbeat is a busy process, four in a row a process that no longer reports (killed, its host lost).
+STALE_HEARTBEATS = 4
+#: How long the scrape thread waits for the job's lock before it serves the figures it read last
+#: (:meth:`MetricsServer.follow`): a driver busy for long must not hold up every scrape.
+LIVE_WAIT_S = 0.5
 
 
 def _raise_to(counter: Any, counted: float, total: float | None) -> float:
@@ -52,13 +65,19 @@ class StepRate:
     server locks).
     """
 
-    def __init__(self, window_s: float = 30.0) -> None:
+    def __init__(self, window_s: float = 30.0, stale_s: float = STALE_HEARTBEATS * 0.5) -> None:
         self.window_s = window_s
+        #: How old the newest sample may be before :meth:`as_of` reads 0 (default: four heartbeats of 0.5 s).
+        self.stale_s = stale_s
         self._samples: collections.deque[tuple[float, int]] = collections.deque()
         self._source = ""
         self._first: float | None = None  # when the process (source) sent its first count
 
-    def add(self, now: float, step: int, source: str = "") -> None:
+    def add(self, now: float, step: int, source: str = "", *, stale_s: float | None = None) -> None:
+        """One report of ``source``'s optimizer steps at ``now``; ``stale_s``, when given, replaces :attr:`stale_s`
+        (the driver holds heartbeats longer in a very large group, so the next one comes later)."""
+        if stale_s is not None:
+            self.stale_s = stale_s
         if self._samples and (step < self._samples[-1][1] or source != self._source):
             self._samples.clear()
         if self._first is None or source != self._source:
@@ -89,6 +108,24 @@ class StepRate:
             return None
         return self.rate
 
+    def as_of(self, now: float) -> float | None:
+        """What ``status`` and the metric show at ``now``: :attr:`known`, but 0 once the newest sample is more than
+        :attr:`stale_s` old. Samples come only with rank 0's heartbeats: once they stop (rank 0 killed, the round
+        over and no new rank 0 yet) nothing moves the window, and the last rate read on for as long as the job
+        waited for workers, up to ``--elastic-timeout``, so an alert on a rate of 0 never fired."""
+        if self._samples and now - self._samples[-1][0] > self.stale_s:
+            return 0.0
+        return self.known
+
+
+@dataclass(frozen=True)
+class LiveFigures:
+    """The job's figures that no event keeps current, as ``status`` shows them (see :meth:`MetricsServer.follow`)."""
+
+    world_size: int
+    #: Rank 0's optimizer steps per second (:meth:`StepRate.as_of`); None while unknown.
+    steps_per_s: float | None
+
 
 class MetricsServer:
     """Serves the job's metrics over HTTP at ``/metrics`` on ``bind:port``.
@@ -114,12 +151,18 @@ class MetricsServer:
         self._lock = threading.Lock()
         self._rate = StepRate()
         self._rounds = 0
+        self._world = 0  # the world size the events say (round_formed), served while nothing is followed
+        self._live: Callable[[], LiveFigures | None] | None = None
+        self._last_live: LiveFigures | None = None
+        self._finished = False
         self._server: ScrapeServer | None = None
         self.registry = registry = prom.CollectorRegistry(auto_describe=True)
         ns = "cloud_elastic"
         self.info = prom.Info("job", "the job this driver runs", namespace=ns, registry=registry)
         self.info.info({"job": job_id})
-        self.world_size = prom.Gauge("world_size", "workers in the current round", namespace=ns, registry=registry)
+        self.world_size = prom.Gauge("world_size", "workers in the current round (0 while none runs)", namespace=ns,
+                                     registry=registry)
+        self.world_size.set_function(lambda: self._figures().world_size)
         self.round = prom.Gauge("round", "number of the current rendezvous round", namespace=ns, registry=registry)
         self.resets = prom.Counter("resets", "rounds formed after the first", namespace=ns, registry=registry)
         self.rollbacks = prom.Counter("rollbacks", "rollbacks to the last commit", namespace=ns, registry=registry)
@@ -139,8 +182,10 @@ class MetricsServer:
         self.last_commit = prom.Gauge("last_commit", "rank 0's last commit, counted in commits (state.commit() "
                                       "calls) since the job began", namespace=ns, registry=registry)
         self.step_rate = prom.Gauge("steps_per_second", "optimizer steps per second rank 0 takes (30 s window; "
-                                    "NaN while unknown)", namespace=ns, registry=registry)
-        self.step_rate.set(float("nan"))  # unknown until rank 0's heartbeats report optimizer steps
+                                    "NaN while unknown, 0 once rank 0 stops reporting)", namespace=ns,
+                                    registry=registry)
+        # NaN until rank 0's heartbeats report optimizer steps.
+        self.step_rate.set_function(lambda: _nan_if_none(self._figures().steps_per_s))
         self.discovery_latency = prom.Histogram(
             "discovery_latency_seconds", "time one discovery call took", namespace=ns, registry=registry,
             buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
@@ -187,6 +232,26 @@ class MetricsServer:
             self._server.close()
             self._server = None
 
+    def follow(self, live: Callable[[], LiveFigures | None]) -> None:
+        """Read the world size and the step rate from ``live`` at each scrape, not from events (see the module
+        docstring). ``live`` runs on the scrape thread, never under this server's lock (it may take the job's,
+        which the driver holds while it emits to this server); it returns None when it cannot answer at once,
+        and the figures it gave last are served."""
+        self._live = live
+
+    def _figures(self) -> LiveFigures:
+        """The world size and step rate to serve now (each scrape, see :meth:`follow`)."""
+        live = self._live
+        figures = live() if live is not None and not self._finished else None
+        with self._lock:
+            if self._finished:
+                return LiveFigures(0, 0.0)
+            if figures is not None:
+                self._last_live = figures
+            elif self._last_live is None:
+                return LiveFigures(self._world, self._rate.as_of(self._clock()))
+            return self._last_live
+
     def _render(self, accept: str) -> tuple[bytes, str]:
         """The exposition of the registry in the format the scraper accepts (prometheus_client chooses)."""
         encoder, content_type = self._prom.exposition.choose_encoder(accept)
@@ -197,7 +262,7 @@ class MetricsServer:
         validate(kind, fields)
         with self._lock:
             if kind == "round_formed":
-                self.world_size.set(fields["size"])
+                self._world = fields["size"]
                 self.round.set(fields["round"])
                 self._rounds += 1
                 if self._rounds > 1:
@@ -221,8 +286,7 @@ class MetricsServer:
                 self._charge(fields["dollars"], fields.get("unpriced_slot_hours"), fields.get("idle_slot_hours"))
                 self.cost_rate.set(fields["dollars_per_hour"])
             elif kind == "job_finished":
-                self.world_size.set(0)
-                self.step_rate.set(0)
+                self._finished = True  # the world size and step rate read 0 from now on
                 self.cost_rate.set(0)
                 self.spares.set(0)
                 if fields.get("cost") is not None:
@@ -256,5 +320,7 @@ class MetricsServer:
         with self._lock:
             self._rate.add(self._clock(), steps, source)
             self.last_commit.set(commit)
-            rate = self._rate.known
-            self.step_rate.set(float("nan") if rate is None else rate)
+
+
+def _nan_if_none(value: float | None) -> float:
+    return float("nan") if value is None else value

@@ -12,13 +12,14 @@ import json
 import os
 import re
 import signal
+import subprocess
 import urllib.request
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.emulator.fake_metadata import FakeAWSMetadata, per_host
-from tests.integration.harness import probe_cmd
+from tests.integration.harness import CLI, probe_cmd
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -93,3 +94,37 @@ def test_metrics_are_served_over_http_and_follow_the_job(jobs, tmp_path):
         'cloud_elastic_discovery_errors_total{kind="retryable"}']
     assert after["cloud_elastic_discovery_latency_seconds_sum"] > 0
     assert after["cloud_elastic_steps_per_second"] > 0
+
+
+def test_with_every_worker_killed_the_metrics_read_0_as_status_does(jobs, tmp_path):
+    """A reviewer's run: ``-np 2 --min-np 2`` on 127.0.0.1:1 and 127.0.0.2:1, both workers killed with SIGKILL while
+    training. 4 s later status said world size 0 and steps/s 10.30, while /metrics said ``world_size 2.0`` and
+    ``steps_per_second 10.3``, and would have for the whole --elastic-timeout: no alert on either fired."""
+    runtime = tmp_path / "run"
+    runtime.mkdir()
+    env = {"XDG_RUNTIME_DIR": str(runtime)}
+    job = jobs(["run", "-np", "2", "--min-np", "2", "-H", "127.0.0.1:1,127.0.0.2:1", "--metrics-port", "0",
+                "--checkpoint-dir", str(tmp_path / "ckpt"), "--blacklist-cooldown-range", "600", "600",
+                "--elastic-timeout", "120", *probe_cmd("--steps", "100000")], env=env)
+    where = job.wait_for(lambda j: next((m for line in j.lines
+                                         if (m := re.search(r"Prometheus metrics at http://[\d.]+:(\d+)/metrics",
+                                                            line))), None), what="the metrics address")
+    url = f"http://127.0.0.1:{where.group(1)}/metrics"
+    pids = [job.wait_event("hello", rank=rank)["pid"] for rank in (0, 1)]
+    job.wait_event("commit", rank=0, step=10)
+    job.wait_for(lambda j: scrape(url)["cloud_elastic_steps_per_second"] > 0, what="a step rate")
+    assert scrape(url)["cloud_elastic_world_size"] == 2
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+    # Rank 0's heartbeats stop with it: four heartbeat intervals (0.5 s) later its rate reads 0.
+    figures = job.wait_for(lambda j: (m := scrape(url))["cloud_elastic_world_size"] == 0
+                           and m["cloud_elastic_steps_per_second"] == 0 and m, timeout=15,
+                           what="world size 0 and step rate 0")
+    shown = subprocess.run([*CLI, "status", "--json", job.job_id()], env={**os.environ, **env},
+                           capture_output=True, text=True, timeout=30)
+    assert shown.returncode == 0, shown.stderr
+    reply = json.loads(shown.stdout)
+    assert (reply["world_size"], reply["steps_per_s"]) == (0, 0.0), reply
+    assert figures["cloud_elastic_round"] == 1  # no round formed since: the job waits for two slots
+    job.proc.send_signal(signal.SIGINT)
+    assert job.finish() == 130, job.output()

@@ -125,7 +125,7 @@ def test_status_shows_the_running_job_and_refuses_a_wrong_secret(jobs, tmp_path,
         assert (worker["slot"], worker["rank"], worker["state"]) == (0, 0, "training")
         assert (hosts["127.0.0.2"]["state"], hosts["127.0.0.2"]["workers"]) == ("ready", [])
         # Its worker left the round at a commit; its process may still be on its way out.
-        assert hosts["127.0.0.3"]["state"] == "draining"
+        assert (hosts["127.0.0.3"]["state"], hosts["127.0.0.3"]["slots"]) == ("draining", 1)  # not 0: its slot
         assert all((w["state"], w["rank"]) == ("leaving", None) for w in hosts["127.0.0.3"]["workers"])
         [blocked] = reply["blacklisted"]
         assert (blocked["host"], blocked["slot"], blocked["failures"]) == ("127.0.0.2", 0, 1)

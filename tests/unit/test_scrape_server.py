@@ -29,7 +29,7 @@ resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))  # a sixteenth of it: 16
 from cloud_elastic.metrics import MetricsServer
 server = MetricsServer("job-7", 0)
 server.start()
-server.world_size.set(3)
+server.emit("round_formed", round=1, size=3, ranks={"a": [0, 1, 2]}, synced=False)  # read at each scrape
 print(server.port, flush=True)
 sys.stdin.read()
 """

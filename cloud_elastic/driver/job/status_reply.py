@@ -1,7 +1,8 @@
 """The driver's answer to ``cloud-elastic status``: a snapshot of the job, built from the pure job.
 
 Pure: reads the :class:`~cloud_elastic.driver.job.elastic_job.ElasticJob` (under the
-driver's lock) and returns a :class:`~cloud_elastic.status.StatusReply`.
+driver's lock) and returns a :class:`~cloud_elastic.status.StatusReply`. What the job no longer
+holds, a draining host's slots, the control plane keeps for it (:class:`SlotsSeen`).
 """
 
 from __future__ import annotations
@@ -11,11 +12,12 @@ import statistics
 from cloud_elastic.config import JobConfig
 from cloud_elastic.driver.job.elastic_job import ElasticJob, Phase
 from cloud_elastic.driver.job.health import comm_share
+from cloud_elastic.driver.job.hosts import HostManager
 from cloud_elastic.driver.job.spares import spare_slots
 from cloud_elastic.driver.job.workers import WorkerState
 from cloud_elastic.protocol_status import BlacklistedSlot, HostStatus, PendingNotice, StatusReply, WorkerStatus
 
-__all__ = ["status_reply", "MAX_WORKER_ROWS", "MAX_ROWS"]
+__all__ = ["status_reply", "round_members", "SlotsSeen", "MAX_WORKER_ROWS", "MAX_ROWS"]
 
 #: Worker rows listed at most: the round's members by rank first (what ``status`` is read for), then the others.
 MAX_WORKER_ROWS = 256
@@ -35,6 +37,35 @@ _STATE_WORDS = {
 }
 
 
+def round_members(job: ElasticJob) -> list:
+    """The live members of the job's current round: its world size is their number (0 between rounds), for status
+    and the metrics alike."""
+    return job.members()
+
+
+class SlotsSeen:
+    """Each host's slots as last seen ready or missing. A host that starts draining (a notice, ``cloud-elastic
+    drain``) leaves ``hosts.ready`` and its slot count with it, and discovery gives a draining host none: status
+    showed ``SLOTS 0`` for a host whose worker still trained on slot [0]. Kept only while the host is known."""
+
+    def __init__(self) -> None:
+        self._slots: dict[str, int] = {}
+        self._version = -1
+
+    def note(self, hosts: HostManager) -> None:
+        """Read the slots of ``hosts``, when they changed since the last call (``hosts.version``)."""
+        if hosts.version == self._version:
+            return
+        self._version = hosts.version
+        kept = {h: n for h, n in self._slots.items() if h in hosts.draining}
+        kept.update(hosts.ready)
+        kept.update((h, n) for h, (n, _) in hosts.missing.items())
+        self._slots = kept
+
+    def get(self, host: str) -> int | None:
+        return self._slots.get(host)
+
+
 def _phase(job: ElasticJob) -> str:
     if job.phase is Phase.STARTING:
         return "waiting for slots" if not job.workers else "starting"
@@ -42,19 +73,25 @@ def _phase(job: ElasticJob) -> str:
         return "finishing"
     if job.phase is Phase.DONE:
         return "done"
-    members = [w for w in job.workers.values() if w.member_of(job.round)]
-    if len(members) < job.policy.min_np:
+    if len(round_members(job)) < job.policy.min_np:
         return "below --min-np"
     return "training"
 
 
 def status_reply(job: ElasticJob, config: JobConfig, *, provider: str, now: float, wall_now: float,
-                 uptime_s: float, steps_per_s: float | None = None) -> StatusReply:
+                 uptime_s: float, steps_per_s: float | None = None,
+                 slots_seen: SlotsSeen | None = None) -> StatusReply:
     """What the driver answers to a signed ``status`` request.
 
     ``steps_per_s`` is rank 0's optimizer step rate as the driver measures it from heartbeats
-    (a :class:`~cloud_elastic.metrics.StepRate`); None shows as unknown.
+    (:meth:`~cloud_elastic.metrics.StepRate.as_of`); None shows as unknown. ``slots_seen``: the hosts' slots as
+    last seen ready, a draining host's count (without it, or for a host never seen ready: the slots its live
+    workers hold, at least).
     """
+    held: dict[str, int] = {}  # host -> 1 + its highest slot a live worker holds
+    for w in job.workers.values():
+        if w.alive:
+            held[w.slot.host] = max(held.get(w.slot.host, 0), w.slot.index + 1)
     alive = sorted((w for w in job.workers.values() if w.alive),
                    key=lambda w: (not w.member_of(job.round), w.rank if w.member_of(job.round) else 0))
     workers_omitted = max(0, len(alive) - MAX_WORKER_ROWS)
@@ -77,8 +114,9 @@ def status_reply(job: ElasticJob, config: JobConfig, *, provider: str, now: floa
     rows = [HostStatus(h, n, "ready", tuple(by_host.get(h, ())), hosts.sources.get(h, ""), hosts.prices.get(h),
                        unlisted.get(h, 0))
             for h, n in hosts.ready.items()]
-    rows += [HostStatus(h, 0, "draining", tuple(by_host.get(h, ())), hosts.sources.get(h, ""), hosts.prices.get(h),
-                       unlisted.get(h, 0))
+    seen = slots_seen.get if slots_seen is not None else (lambda h: None)
+    rows += [HostStatus(h, max(seen(h) or 0, held.get(h, 0)), "draining", tuple(by_host.get(h, ())),
+                        hosts.sources.get(h, ""), hosts.prices.get(h), unlisted.get(h, 0))
              for h in hosts.draining]
     rows += [HostStatus(h, n, "missing", tuple(by_host.get(h, ())), hosts.sources.get(h, ""), hosts.prices.get(h),
                        unlisted.get(h, 0))
@@ -89,7 +127,7 @@ def status_reply(job: ElasticJob, config: JobConfig, *, provider: str, now: floa
     blacklisted += [BlacklistedSlot(s.host, s.index, 0.0, n, True) for s, n in hosts.blacklist.for_good_slots()]
     notices = [PendingNotice(h, job.notice_sources.get(h, "provider"), d.deadline)
                for h, d in hosts.draining.items()]
-    members = [w for w in job.workers.values() if w.member_of(job.round)]
+    members = round_members(job)
     commit, commit_lost = _last_commit(job, members)
     computes = [w.compute_s for w in members if w.compute_s is not None]
     return StatusReply(

@@ -21,7 +21,9 @@ server (:mod:`cloud_elastic.driver.net.control_server`) accepts, under the job's
   that failed but may pass are judged by :class:`~cloud_elastic.driver.job.checkpoint_watch.CheckpointWatch`;
 * an :class:`Interceptor` (a restarted driver's adoption window,
   :class:`~cloud_elastic.driver.restart.window.AdoptionWindow`) sees each message first and may
-  answer it before the job's rules do.
+  answer it before the job's rules do;
+* the metrics (``--metrics-port``) read the world size and rank 0's step rate from it at each scrape, as
+  ``status`` shows them (:meth:`ControlPlane.live`).
 """
 
 from __future__ import annotations
@@ -35,10 +37,11 @@ from cloud_elastic.config import JobConfig
 from cloud_elastic.driver.job.actions import Phase
 from cloud_elastic.driver.job.checkpoint_watch import CheckpointWatch
 from cloud_elastic.driver.job.notice_policy import host_vacated, notice_action, notice_watcher
+from cloud_elastic.driver.job.status_reply import SlotsSeen, round_members, status_reply
 from cloud_elastic.driver.net.control_server import Held
 from cloud_elastic.driver.runtime.condition import JobCondition
 from cloud_elastic.errors import ControlPlaneError
-from cloud_elastic.metrics import StepRate
+from cloud_elastic.metrics import LIVE_WAIT_S, STALE_HEARTBEATS, LiveFigures, StepRate
 from cloud_elastic.protocol import (CompletedReport, CompletionReply, NextRoundReport, PollReply, PollRequest,
                                     RendezvousRequest, StacksReport, WaitReply)
 from cloud_elastic.protocol_reports import CheckpointReport, DrainRequest, ExitingReport, NoticeReport, UnhealthyReport
@@ -97,7 +100,8 @@ class ControlPlane:
         self._watch_cloud = watch_cloud
         self._interceptor = interceptor
         self._watchers: dict[str, str] = {}  # host -> worker id running its metadata notice watcher
-        self.rate = StepRate()  # rank 0's optimizer steps per second, for status
+        self.rate = StepRate()  # rank 0's optimizer steps per second, for status and the metrics
+        self._slots = SlotsSeen()  # each host's slots as last seen ready, for status (a draining host's)
         self.checkpoints = CheckpointWatch(job.job_id, config.checkpoint_interval_s)
         self._table: dict[str, Callable[[str, dict[str, Any], float], Any]] = {
             "register": self._register, "rendezvous": self._rendezvous, "poll": self._poll,
@@ -105,6 +109,11 @@ class ControlPlane:
             "notice": self._notice, "checkpoint": self._checkpoint, "status": self._status,
             "drain": self._drain, "unhealthy": self._unhealthy, "next_round": self._next_round,
         }
+        # The metrics read the world size and step rate from here at each scrape (MetricsServer.follow); a sink
+        # that only takes observations follows nothing.
+        follow = getattr(getattr(sinks, "metrics", None), "follow", None)
+        if follow is not None:
+            follow(self.live)
 
     def handle(self, kind: str, msg: dict[str, Any]) -> dict[str, Any] | Held:
         """Answer one verified message (the control server's handler): the interceptor's reply, else the rules'.
@@ -126,7 +135,19 @@ class ControlPlane:
         if handler is None:
             raise ControlPlaneError(f"unknown message kind {kind!r}")
         with self._cond:
+            # Before the message acts: a drain or a notice takes its host out of hosts.ready, and its slots with it.
+            self._slots.note(self._job.hosts)
             return handler(worker_id, msg, self._clock())
+
+    def live(self) -> LiveFigures | None:
+        """The world size and rank 0's step rate as ``status`` shows them, for a metrics scrape (from the scrape
+        thread); None when the job's lock stays held for :data:`~cloud_elastic.metrics.LIVE_WAIT_S`."""
+        if not self._cond.acquire(timeout=LIVE_WAIT_S):
+            return None
+        try:
+            return LiveFigures(len(round_members(self._job)), self.rate.as_of(self._clock()))
+        finally:
+            self._cond.release()
 
     def poll_hold_s(self) -> float:
         """How long a heartbeat is held: the heartbeat interval, longer in a group so large that the
@@ -196,8 +217,9 @@ class ControlPlane:
             w.stacks_signal = request.stacks_signal
         if w is not None and w.rank == 0 and not w.discarded:  # a discarded one's steps are of a past no round has
             # Its process's optimizer steps (the rate starts afresh with another rank 0's count), and the job's
-            # last commit, counted in commits: the training step only when the script commits every step.
-            self.rate.add(now, request.steps, worker_id)
+            # last commit, counted in commits: the training step only when the script commits every step. Its
+            # next heartbeat comes within the hold its poll gets: missing several, its rate reads 0 (StepRate.as_of).
+            self.rate.add(now, request.steps, worker_id, stale_s=STALE_HEARTBEATS * self.poll_hold_s())
             if self._sinks.metrics is not None:
                 self._sinks.metrics.observe_progress(request.steps, request.commit_seq, worker_id)
 
@@ -325,11 +347,9 @@ class ControlPlane:
         return {"ok": True}
 
     def _status(self, worker_id: str, msg: dict[str, Any], now: float) -> dict[str, Any]:
-        from cloud_elastic.driver.job.status_reply import status_reply
-
         return status_reply(self._job, self._config, provider=self._provider, now=now, wall_now=time.time(),
-                            uptime_s=now - self._started_at,
-                            steps_per_s=self.rate.known).to_json()
+                            uptime_s=now - self._started_at, steps_per_s=self.rate.as_of(now),
+                            slots_seen=self._slots).to_json()
 
 
 def _worker_of(msg: dict[str, Any]) -> str:

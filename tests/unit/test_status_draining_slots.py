@@ -1,0 +1,68 @@
+"""``status`` shows a draining host's real slot count, not 0.
+
+After ``cloud-elastic drain JOB 127.0.0.3`` status showed ``127.0.0.3  0  draining`` in text and JSON, although the
+host had 1 slot and still listed its worker on slot [0]: a draining host leaves ``hosts.ready``, and its slot count
+with it (discovery gives a draining host none).
+"""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from cloud_elastic.config import JobConfig
+from cloud_elastic.driver.job.status_reply import status_reply
+from cloud_elastic.driver.runtime.condition import JobCondition
+from cloud_elastic.driver.runtime.control_plane import ControlPlane
+from cloud_elastic.providers.api import Drain
+from cloud_elastic.status import StatusReply, render_status
+from tests.unit.test_job import Sim, started
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def _plane(sim: Sim) -> ControlPlane:
+    cond = JobCondition()
+    cond.watch(sim.job)
+    return ControlPlane(sim.job, cond, JobConfig(command=("x",), num_proc=3, min_np=1, max_np=3),
+                        sinks=SimpleNamespace(sink=SimpleNamespace(emit=lambda *a, **k: None), metrics=None),
+                        clock=lambda: sim.now, stop=lambda *a: None, record_events=lambda: None)
+
+
+def _status(plane: ControlPlane) -> StatusReply:
+    return StatusReply.from_json(json.loads(json.dumps(plane.handle("status", {"worker": "cli:status"}))))
+
+
+def _row(reply: StatusReply, host: str):
+    return next(h for h in reply.hosts if h.host == host)
+
+
+def test_a_host_drained_by_hand_keeps_its_slot_count_in_status() -> None:
+    sim = started(3, {"a": 1, "b": 1, "c": 2}, min_np=1)  # c: two slots, one worker
+    plane = _plane(sim)
+    reply = plane.handle("drain", {"worker": "cli:drain", "host": "c", "slot": None})
+    assert reply["ok"] is True, reply
+    shown = _status(plane)
+    row = _row(shown, "c")
+    assert (row.slots, row.state) == (2, "draining"), row
+    assert [w.slot for w in row.workers] == [0]  # its worker leaves at its next commit, still listed
+    line = next(line for line in render_status(shown, now=sim.now).splitlines() if line.startswith("c "))
+    assert line.split()[1:3] == ["2", "draining"], line
+
+
+def test_a_host_discovery_reports_draining_keeps_the_count_it_had_when_ready() -> None:
+    sim = started(3, {"a": 1, "b": 1, "c": 2}, min_np=1)
+    plane = _plane(sim)
+    _status(plane)  # any message while c was ready
+    sim.discover({"a": 1, "b": 1}, draining={"c": Drain(None, "Terminating")})
+    assert (_row(_status(plane), "c").slots, _row(_status(plane), "c").state) == (2, "draining")
+
+
+def test_without_the_slots_seen_a_draining_host_shows_at_least_the_slots_its_workers_hold() -> None:
+    sim = started(3, {"a": 1, "b": 1, "c": 2}, min_np=1)
+    sim.discover({"a": 1, "b": 1}, draining={"c": Drain(None, "Terminating")})
+    config = JobConfig(command=("x",), num_proc=3, min_np=1, max_np=3)
+    reply = status_reply(sim.job, config, provider="static", now=sim.now, wall_now=sim.now, uptime_s=1.0)
+    assert _row(reply, "c").slots == 1
