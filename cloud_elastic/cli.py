@@ -1,8 +1,8 @@
 """The ``cloud-elastic`` command line (click). Thin: parse, validate, hand over.
 
 Exit codes: 0 success; 1 the job failed (the last line says why); 2 invalid
-flags or configuration (nothing was started); 130/143 interrupted by
-SIGINT/SIGTERM (every worker was stopped first).
+flags or configuration (nothing was started); 129/130/143 interrupted by
+SIGHUP/SIGINT/SIGTERM (every worker was stopped first).
 
 Importing this module imports click and nothing heavy: no torch, no cloud
 SDK, so ``--help``, ``providers`` and shell completion stay fast. Each
@@ -214,14 +214,19 @@ def run(discovery: DiscoveryArgs, **params: Any) -> int:
     if forgotten:
         sys.stderr.write(f"{PROG}: warning: {forgotten}\n")
     _setup_logging(config.verbose)
+    from cloud_elastic.driver.job.actions import INTERRUPTED
     from cloud_elastic.driver.runtime.driver import Driver
 
     driver = Driver(config, built, launcher=launcher, discovery_timeout_s=discovery.discovery_timeout)
-    names = {signal.SIGINT: ("interrupted by SIGINT", 130), signal.SIGTERM: ("terminated by SIGTERM", 143)}
+    # SIGHUP too: the terminal of a driver started over ssh closing (a dropped session) stops the job as Ctrl-C
+    # does, at a commit with a checkpoint, where the signal's default action killed the driver with no last word
+    # and left its workers to train on until their --driver-grace (review h13).
+    names = {signal.SIGINT: ("interrupted by SIGINT", 130), signal.SIGTERM: ("terminated by SIGTERM", 143),
+             signal.SIGHUP: ("hung up (SIGHUP)", 129)}
     for signum, (reason, code) in names.items():
         signal.signal(signum, lambda _s, _f, r=reason, c=code: driver.interrupt(r, c))
     outcome = driver.run()
-    verdict = "succeeded" if outcome.success else ("interrupted" if outcome.exit_code in (130, 143) else "failed")
+    verdict = "succeeded" if outcome.success else ("interrupted" if outcome.exit_code in INTERRUPTED else "failed")
     sys.stderr.write(f"{PROG}: job {driver.job_id} {verdict}: {outcome.reason}\n")
     return outcome.exit_code
 
@@ -491,7 +496,7 @@ def _usage_error(exc: click.UsageError) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; return the exit code (0, 1, 2, 130 or 143)."""
+    """Run the command line; return the exit code (0, 1, 2, 129, 130 or 143)."""
     try:
         code = cli.main(list(argv) if argv is not None else None, prog_name=PROG, standalone_mode=False)
         return code if isinstance(code, int) else 0

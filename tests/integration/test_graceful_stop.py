@@ -16,7 +16,10 @@ from tests.integration.harness import probe_cmd
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
 
-def test_sigint_checkpoints_the_last_commit_and_the_newest_checkpoint_holds_it(jobs, tmp_path):
+# SIGHUP: the terminal of a driver started over ssh closes. Before (review h13) it killed the driver with no last line.
+@pytest.mark.parametrize("sig, code, said", [(signal.SIGINT, 130, "interrupted by SIGINT"),
+                                             (signal.SIGHUP, 129, r"hung up \(SIGHUP\)")], ids=["SIGINT", "SIGHUP"])
+def test_a_signal_checkpoints_the_last_commit_and_the_newest_checkpoint_holds_it(jobs, tmp_path, sig, code, said):
     # One checkpoint an hour: the only periodic one is of the first commit.
     # --verbose: the driver says when its workers' heartbeats first told of a commit.
     args = ["run", "--verbose", "-np", "2", "-H", "127.0.0.2:1,127.0.0.3:1", "--checkpoint-dir",
@@ -26,11 +29,10 @@ def test_sigint_checkpoints_the_last_commit_and_the_newest_checkpoint_holds_it(j
     # The earliest a stop can keep anything (before it, a stop ends at once: see
     # test_a_signal_before_any_commit_ends_the_job_at_once); the pace of commits is not known yet, so it waits.
     job.wait_for(lambda j: any(": first commit seen (worker " in line for line in j.lines), 30, "the first commit")
-    os.kill(job.proc.pid, signal.SIGINT)
-    assert job.finish(timeout=40) == 130, job.output()
+    os.kill(job.proc.pid, sig)
+    assert job.finish(timeout=40) == code, job.output()
     ends = [m for line in job.lines if (m := re.search(
-        r"interrupted: interrupted by SIGINT; checkpoint of step (\d+) written; the same command resumes from it$",
-        line))]
+        rf"interrupted: {said}; checkpoint of step (\d+) written; the same command resumes from it$", line))]
     assert len(ends) == 1, job.output()
     step = int(ends[0][1])
     assert step >= max(e["step"] for e in job.of("commit", rank=0))  # no commit made is lost

@@ -17,7 +17,7 @@ from typing import Union
 from cloud_elastic.driver.job.hosts import Slot
 from cloud_elastic.providers.sources import SourceSpec
 
-__all__ = ["Policy", "Phase", "Launch", "Stop", "Release", "SetCapacity", "Finish", "Action"]
+__all__ = ["Policy", "Phase", "Launch", "Stop", "Release", "SetCapacity", "Finish", "Action", "INTERRUPTED"]
 
 
 @dataclass(frozen=True)
@@ -108,6 +108,10 @@ class SetCapacity:
 
     source: str
     hosts: int
+
+
+#: The exit codes of a job a signal stopped (SIGHUP, SIGINT, SIGTERM: 128 + the signal's number).
+INTERRUPTED = (129, 130, 143)
 
 
 @dataclass(frozen=True)

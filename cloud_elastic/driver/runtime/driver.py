@@ -28,7 +28,7 @@ from typing import Any, Callable
 
 from cloud_elastic.config import JobConfig
 from cloud_elastic.control import round_namespace
-from cloud_elastic.driver.job.actions import SetCapacity
+from cloud_elastic.driver.job.actions import INTERRUPTED, SetCapacity
 from cloud_elastic.driver.job.elastic_job import Finish, Launch, Release, Stop
 from cloud_elastic.driver.job.notice_policy import watched_cloud
 from cloud_elastic.driver.job.spares import launch_room
@@ -551,7 +551,7 @@ class Driver:
 
 def _verdict(outcome: Finish) -> str:
     """How the job ended in a word: its ``job_finished`` event's ``outcome``."""
-    return "succeeded" if outcome.success else ("interrupted" if outcome.exit_code in (130, 143) else "failed")
+    return "succeeded" if outcome.success else ("interrupted" if outcome.exit_code in INTERRUPTED else "failed")
 
 
 _print_lock = threading.Lock()
