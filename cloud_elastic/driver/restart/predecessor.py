@@ -50,7 +50,7 @@ from cloud_elastic.driver.restart.finished import say_if_succeeded
 from cloud_elastic.driver.restart.record import AdoptionRecord, find_records
 from cloud_elastic.driver.restart.stored import list_checkpoints, newer_link, refuse_if_job_gone, resumes
 from cloud_elastic.errors import CheckpointError, ConfigError
-from cloud_elastic.records import driver_running, find_jobs, job_dir, pid_alive, runtime_root
+from cloud_elastic.records import driver_running, find_jobs, job_dir, list_jobs, pid_alive, prune_gone, runtime_root
 
 __all__ = ["ADOPT_MARGIN_S", "RECORD_TOUCH_S", "StartPlan", "WaitOutcome", "driver_alive", "open_store", "plan_start",
            "resumes", "wait_for_predecessor"]
@@ -322,6 +322,9 @@ def _same_command(config: JobConfig, plan: StartPlan) -> StartPlan:
     if config.command[:1] in (("<ray actor>",), ("<spark task>",)):
         return plan  # Ray's actors and Spark's tasks end with the driver that started them: nothing to wait out
     try:
+        # Records (the job's secret, its workers' kept output) of drivers gone a day past their grace go first, as
+        # ``status`` deletes them: a machine whose user never ran ``status`` kept every killed driver's (review h13).
+        prune_gone(list_jobs(), now)
         # The same command in another directory is another project's job (``python train.py`` is common).
         records = find_jobs(config.command, cwd=os.getcwd())
     except ConfigError as exc:  # the job runs without its records (see Driver._record_for_status)
