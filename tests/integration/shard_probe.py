@@ -80,6 +80,10 @@ def main() -> None:
                         "its host-mate waits for it there")
     p.add_argument("--odd-layout", default="", metavar="WORKER",
                    help="this worker's model has another hidden width (a layout that differs from its peers')")
+    p.add_argument("--scale-after-training", type=int, default=None, metavar="LOCAL_RANK",
+                   help="after the loop's last commit, the worker of this local rank (on every host) halves its "
+                        "shards of the parameters in place through .data (no step, no version bump): a change "
+                        "only the final checkpoint holds")
     p.add_argument("--full-checksum", action="store_true",
                    help="commit, done and entered events also carry a checksum of the whole model and optimizer "
                         "state (\"full\"), the same for any layout")
@@ -163,6 +167,9 @@ def main() -> None:
             event("commit", rank=hvd.rank(), size=hvd.size(), local_rank=hvd.local_rank(), step=state.step,
                   checksum=checksum(model, optimizer), in_place=in_place.in_place, **whole())
             time.sleep(args.step_sleep)
+        if args.scale_after_training == hvd.local_rank():
+            for q in model.parameters():
+                q.data.to_local().mul_(0.5)
 
     train(state)
     event("done", rank=hvd.rank(), size=hvd.size(), local_rank=hvd.local_rank(), step=state.step,

@@ -32,6 +32,7 @@ def _host_0_worker(rank: int) -> dict:
 
     from cloud_elastic.worker.durable.rank_zero import DurableSettings
     from cloud_elastic.worker.durable.sharded import ShardedCheckpoints
+    from cloud_elastic.worker.durable.stored import Stored, digest
     from cloud_elastic.worker.link.progress import Progress
 
     _set_pg_timeout(timedelta(seconds=COLLECTIVE_TIMEOUT_S))  # the host group's timeout (the collective timeout)
@@ -41,7 +42,7 @@ def _host_0_worker(rank: int) -> dict:
                           ledger=SimpleNamespace(commit_seq=4))
     durable = ShardedCheckpoints(DurableSettings("/nonexistent/never-written"), ctx)
     # The write in the background stores the last commit, plain values and all: no final write is needed.
-    durable._stored_seq, durable._stored_rest = 4, {"step": 4}
+    durable._stored = Stored(4, digest({}), {"step": 4})  # the state below holds no shards
     if rank == 0:
         def publish() -> None:  # local rank 0's part of that write, after the DCP save: bytes keep moving
             ends = time.monotonic() + PUBLISH_S
@@ -61,3 +62,28 @@ def test_a_host_mate_waits_for_local_rank_0s_publish_past_the_collective_timeout
     assert got[0]["idle"]  # local rank 0 returned once its publish was done
     # The host-mate counts local rank 0's bytes as its own progress: the driver's watch sees no idle worker.
     assert got[1]["progress"] >= 2 and got[0]["progress"] >= 2, got
+
+
+def _host_0_votes(rank: int) -> dict:
+    import torch
+
+    from cloud_elastic.worker.durable.rank_zero import DurableSettings
+    from cloud_elastic.worker.durable.sharded import ShardedCheckpoints
+    from cloud_elastic.worker.durable.stored import Stored, digest
+
+    ctx = SimpleNamespace(info=SimpleNamespace(rank=rank, size=2, local_rank=rank, local_size=2, cross_rank=0,
+                                               cross_size=1),
+                          device=torch.device("cpu"), job_id="job-1", worker_id=f"w{rank}",
+                          ledger=SimpleNamespace(commit_seq=4))
+    durable = ShardedCheckpoints(DurableSettings("/nonexistent/never-written"), ctx)
+    # Local rank 0's part of the final state (no shards, the same other values) is what the last write stored;
+    # local rank 1's shards changed since that write (another digest): its own shards, which local rank 0 never sees.
+    durable._stored = Stored(4, digest({} if rank == 0 else {"model": {"w": torch.zeros(2)}}), {"step": 4})
+    wrote: list[int] = []
+    durable._write_watched = lambda state: wrote.append(rank)  # the final write, on the host's group (None: written)
+    return {"finish": durable.finish(SimpleNamespace(step=4)), "wrote": wrote}
+
+
+def test_a_host_mate_whose_shards_changed_since_the_last_write_makes_the_host_write_the_final_state():
+    got = run_pair(_host_0_votes)  # local rank 0's word alone would skip the write: rank 1's change would be lost
+    assert [got[r] for r in (0, 1)] == [{"finish": None, "wrote": [0]}, {"finish": None, "wrote": [1]}], got

@@ -183,6 +183,18 @@ def test_a_compressed_tensor_item_with_the_manifest_rewritten_to_match_is_refuse
     assert f"of {path.name} holds a compressed record" in warning and "falling back" in warning, warning
 
 
+def test_a_newest_checkpoint_whose_manifest_is_torn_is_passed_over_with_one_warning(tmp_path, caplog):
+    """Found in review: a truncated manifest made the load pass over the newest checkpoint without a word, where a
+    replica's load (``store.latest``) says so."""
+    at_2, newest, _ = _two_checkpoints(tmp_path)
+    manifest = newest / "manifest.json"
+    manifest.write_bytes(manifest.read_bytes()[:40])
+    loaded, values, warnings = _load(tmp_path, caplog)
+    assert loaded.step == 2 and all(torch.equal(a, b) for a, b in zip(values, at_2))
+    [warning] = [w for w in warnings if newest.name in w]  # before the fix: none
+    assert "unreadable manifest" in warning and "falling back to the previous one" in warning, warning
+
+
 def test_when_every_sharded_checkpoint_is_corrupt_the_worker_refuses_to_train_from_initial_weights(tmp_path):
     _, newest, _ = _two_checkpoints(tmp_path)
     for folder in (tmp_path / "ckpt").glob("ckpt-*"):

@@ -28,8 +28,10 @@ A reader that finds the manifest finds every shard.
   leaving (:meth:`stop_writing`) waits for the writes up to 120 s (host 0's, sent away as the
   last holders of the state, then write the commit they leave at together: :meth:`leaving`); the end of training
   (:meth:`finish`) waits for them, and for its final write, as long as the storage takes,
-  counting as progress while they move bytes (``rank_zero.wait_for_storage``); the host's
-  workers ask each other each second whether a write is left (:class:`_HostWrites`), so none
+  counting as progress while they move bytes (``rank_zero.wait_for_storage``). The final write is skipped only
+  when every worker of the host proves that the last checkpoint it wrote or loaded holds its final state bit for
+  bit (``durable.stored``: a digest of each write's copy against one of the live state). The host's
+  workers ask each other each second whether a write is left (``durable.writes.HostWrites``), so none
   waits for local rank 0's publish inside a collective that the collective timeout ends. With
   ``CLOUD_ELASTIC_SHARDED_CHECKPOINT_WRITES=sync`` (host memory too small for the copy), or on
   a GPU a torch without those staging functions, the write is synchronous: host 0's workers
@@ -37,16 +39,19 @@ A reader that finds the manifest finds every shard.
   write is logged as a WARNING and reported to the driver (local rank 0: ``not_written``),
   and training goes on, as for replicas.
 * **Loading.** In a round the driver formed ``from_checkpoint``, the workers of host 0 load the newest usable
-  checkpoint: local rank 0 picks it and tells the others, each loads its shards with DCP (which reshards: written
-  by 2 workers a host, loaded into 1 or 4), and the round's state sync gives them to the other hosts. Each file is
-  checked against its manifest's digest before a byte of it is read; a checkpoint with a bad file (any worker's)
-  or a bad ``state.pt`` is skipped for the previous one by every worker of the host together, and so is one that
-  does not fit while an older one does (``failure.Misfits``). No usable checkpoint is a :class:`CheckpointError`:
-  the worker exits rather than train from initial weights, as it does when none fits (another model: a
-  ``mismatch`` failure naming the item, as a replicated one's: an item the state has no place for, a layer removed,
-  or an optimizer of another class, which the manifest names, found before DCP reads). An optimizer reads the
-  state its checkpoint holds (``dcp.load_target``): a parameter without any there (no gradient yet) starts
-  without. A host-mate lost during the load (the driver aborts the round) is a ``CollectiveError``: the host
+  checkpoint: local rank 0 picks it and tells the others, each loads its shards with DCP (which reshards; tested:
+  written by 2 workers a host, loaded into 1 or 3, ``tests/integration/test_sharded_checkpoint.py`` and
+  ``test_sharded_final_checkpoint.py``; a reviewer's manual runs also loaded 3 a host on 2 hosts), and the round's
+  state sync gives them to the other hosts. A load counts as stored (``durable.stored``): a resume that trains
+  nothing rewrites nothing at its end. A newer checkpoint whose manifest is unreadable is passed over with a
+  WARNING. Each file is checked against its manifest's digest before a byte of it is read; a checkpoint with a bad
+  file (any worker's) or a bad ``state.pt`` is skipped for the previous one by every worker of the host together,
+  and so is one that does not fit while an older one does (``failure.Misfits``). No usable checkpoint is a
+  :class:`CheckpointError`: the worker exits rather than train from initial weights, as it does when none fits
+  (another model: a ``mismatch`` failure naming the item, as a replicated one's: an item the state has no place
+  for, a layer removed, or an optimizer of another class, which the manifest names, found before DCP reads). An
+  optimizer reads the state its checkpoint holds (``dcp.load_target``): a parameter without any there (no gradient
+  yet) starts without. A host-mate lost during the load (the driver aborts the round) is a ``CollectiveError``: the host
   leaves, its state counted as holding no commit, and another host may load it.
 * **Storage.** Before host 0 first writes or loads, local rank 0 reads the driver's job record in the
   store (``durable.failure``): storage this host sees apart from the driver's ends the job in one line.
@@ -66,7 +71,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import queue
 import threading
 import time
 from typing import Any, Callable
@@ -86,9 +90,12 @@ from cloud_elastic.worker.comm import statecodec
 from cloud_elastic.worker.commit.fingerprint import fingerprint
 from cloud_elastic.worker.durable.failure import (CheckpointFailed, Misfits, SeesJob, reason_of, report,
                                                   report_not_written)
-from cloud_elastic.worker.durable.parts import model_of, same_payload, set_parts, sharded_parts
+from cloud_elastic.worker.durable.parts import model_of, set_parts, sharded_parts
 from cloud_elastic.worker.durable.rank_zero import log_leaving_write, wait_for_storage
 from cloud_elastic.worker.durable.staging import stage as _stage
+from cloud_elastic.worker.durable.stored import Stored, digest
+from cloud_elastic.worker.durable.writes import HostWrites as _HostWrites
+from cloud_elastic.worker.durable.writes import Writes as _Writes
 from cloud_elastic.worker.exceptions import CollectiveError
 
 __all__ = ["ShardedCheckpoints", "sharded_parts"]
@@ -113,9 +120,7 @@ class ShardedCheckpoints:
         self._clock = clock
         self.store = store if store is not None else CheckpointStore(settings.url, keep=settings.keep)
         self._last: float | None = None  # when this host last wrote one while it was host 0
-        self._stored_seq: int | None = None  # the commit it holds, when it was stored
-        self._stored_rest: Any = None  # local rank 0: a copy of that write's other values (state.pt)
-        self._skip: frozenset[str] = frozenset()  # the state's sharded values, in DCP's files
+        self._stored: Stored | None = None  # what this worker's last write (or load) holds, once it is stored
         self._writes = _Writes()
         self._group: Any = None  # the Gloo group of the host's workers that background writes use
         self._staged: Any = None  # the host copy of the last background write, refilled by the next
@@ -180,7 +185,8 @@ class ShardedCheckpoints:
             return f"a write in flight was not done within the {max(0.0, budget):g}s the driver gave"
         if not_held or newest != -oldest:
             return "the host's workers do not hold one same commit"
-        if not self._agree(self._stored_seq != seq):  # local rank 0's word, as at the end of training
+        stored = self._stored
+        if not self._agree(stored is None or stored.seq != seq):  # local rank 0's word: it published that write
             return None  # that commit's checkpoint is stored already
         return self._write_watched(state)
 
@@ -197,15 +203,18 @@ class ShardedCheckpoints:
                  self._ctx.worker_id)
         host = _HostWrites(self._writes, self.store, self._ctx.device)  # local rank 0 publishes after the others
         wait_for_storage(host.wait, host, self._ctx, None)
-        # Local rank 0 decides for the host, as at commits: whether the final state is its last commit, stored already
-        # (steps after the last commit, a loop that commits every few steps, are in no checkpoint yet; nor is a plain
-        # value changed since, a script's `state.epoch += 1` after its last commit: compared with the write's copy).
+        # The final write is skipped only when every worker of the host proves that the last checkpoint holds its
+        # final state bit for bit (``durable.stored``): the same commit, no step since (a loop that commits every few
+        # steps), and its digest of the live shards, buffers and optimizer state equal to the write's (parameters
+        # rewritten after the last commit: an EMA swap, the best weights loaded back; a BatchNorm forward; an lr set
+        # by hand); local rank 0 also compares the other values (a script's `state.epoch += 1`). Each worker holds
+        # its own shards, so each votes: any difference writes. A job's end rewriting an unchanged checkpoint would
+        # cost a write and, with --checkpoint-keep, an older checkpoint; the proof costs one pass over the state.
         ledger = self._ctx.ledger
-        stored = self._stored_seq == ledger.commit_seq and not getattr(ledger, "steps_since_commit", 0)
-        if stored and info.local_rank == 0:
-            stored = same_payload(state_payload(state, self._skip), self._stored_rest)
-        if not self._agree(not stored):
-            return None  # the last commit's checkpoint, written by these very workers, holds the final state
+        held = self._stored is not None and not getattr(ledger, "steps_since_commit", 0) and \
+            self._stored.holds(state, ledger.commit_seq, info.local_rank == 0)
+        if not self._anyone(not held):
+            return None  # the last checkpoint, written (or loaded) by these very workers, holds the final state
         why = self._write_watched(state)
         if why is None:
             return None
@@ -229,6 +238,10 @@ class ShardedCheckpoints:
         dist.broadcast(flag, src=0)
         return bool(flag.item())
 
+    def _anyone(self, mine: bool) -> bool:
+        """Whether any worker of the host answers True (a vote over the host's group)."""
+        return self._worst(int(mine)) > 0
+
     def _step(self, state: Any) -> int:
         from cloud_elastic.worker.durable.rank_zero import step_of
 
@@ -251,7 +264,7 @@ class ShardedCheckpoints:
             # rank 0 that refused the payload would wait out the group's timeout, and queue again each interval.
             name = _decided_by_local_rank_0(info, lambda: (_holdable(rest), self._sees_job.within(),
                                                            self.store.reserve(step))[2], ctx.device)
-            rest, self._skip = (stage_payload(rest) if rest is not None else None), skip  # training changes them
+            rest = stage_payload(rest) if rest is not None else None  # training changes them
             meta = {"world_size": info.size, "job_id": ctx.job_id, "commit_seq": seq, "hosts": info.cross_size,
                     OPTIMIZER_CLASSES: optimizer_classes(state, skip)}
             epoch = getattr(state, "epoch", None)
@@ -295,7 +308,7 @@ class ShardedCheckpoints:
 
     def _store_now(self, tensors: dict[str, Any], rest: Any, name: str, step: int, seq: int, meta: dict[str, Any],
                    local_rank: int, local_size: int, began: float, *, group: Any) -> None:
-        self._stored_seq = self._stored_rest = None
+        self._stored = None
         storage = self.store.shard_storage(name, writing=True)
         _save(tensors, storage, group)
         if local_rank == 0:  # DCP's coordinator: it holds every file's digest
@@ -303,25 +316,44 @@ class ShardedCheckpoints:
             self._ctx.report_checkpoint("saved", step=saved.step, path=saved.url, commit_seq=seq,
                                         duration_s=round(time.perf_counter() - began, 3),
                                         bytes=saved.size + sum((saved.shards or {}).values()))
-        self._stored_seq, self._stored_rest = seq, rest
+        # What it wrote, for the end of training (``durable.stored``): digested from the write's copy on the writer's
+        # thread, after the publish (a synchronous write digests the live state it just wrote, on the training one).
+        self._stored = Stored(seq, digest(tensors), rest)
 
     # -------------------------------------------------------------- loading
     def _sharded_candidates(self) -> list[CheckpointInfo]:
         """Local rank 0: the manifests of the sharded checkpoints to try, newest first (their data not verified
         yet). CheckpointError when there is none, or when the newest is a replica's."""
         self._sees_job.within()
-        candidates = []
+        candidates: list[CheckpointInfo] = []
         for listed in self.store.list():
             if listed.shards is None:
+                self._warn_unreadable(newer_than=listed.name)
                 if not candidates:
                     raise CheckpointError(f"the newest checkpoint in {self.settings.url} (step {listed.step}) holds a "
                                           "whole model, not shards: a job with hvd.shard loads only checkpoints "
                                           "written with hvd.shard")
                 break
             candidates.append(listed)
+        else:
+            self._warn_unreadable(newer_than=None)
         if not candidates:
             raise CheckpointError(f"no usable checkpoint in {self.settings.url}")
         return candidates
+
+    def _warn_unreadable(self, newer_than: str | None) -> None:
+        """One WARNING for each checkpoint (newer than the folder ``newer_than``) whose manifest is there but cannot
+        be read, a torn or corrupt one: ``store.list`` passes it over without a word, where ``store.latest`` (a
+        replica's load) says so."""
+        try:
+            unreadable = self.store.unreadable()
+        except CheckpointError as exc:
+            log.warning("worker %s: could not look for unreadable checkpoints: %s", self._ctx.worker_id, exc)
+            return
+        for name, why in unreadable:
+            if newer_than is None or name > newer_than:
+                log.warning("checkpoint %s is unusable (%s); falling back to the previous one",
+                            self.store.backend.url(name), why)
 
     def load_latest(self, state: Any) -> CheckpointInfo:
         """Load the newest usable sharded checkpoint into ``state`` on every worker of this host (a collective over
@@ -360,6 +392,7 @@ class ShardedCheckpoints:
                 continue
             misfits.passed_over(ctx.worker_id, chosen.step)
             ctx.ledger.hold_commit(seq)
+            self._stored = Stored.loaded(state, seq, info.local_rank == 0)  # a resume training nothing writes nothing
             ctx.loaded_commit = seq  # held by a load, which fits any FSDP-unit layout: no say in the job's layout
             log.info("worker %s: loaded its shards of the checkpoint of step %d (written by %s workers a host) from "
                      "%s in %.2fs", ctx.worker_id, chosen.step, chosen.shard_count, chosen.url,
@@ -521,72 +554,6 @@ def _save(tensors: dict[str, Any], storage: Any, group: Any = None) -> None:
         # host-mate died; a full disk is said so, not as torch's "unexpected pos ..."
         seen = (getattr(storage, "io_errors", None) or [None])[0]
         raise CheckpointError(f"torch DCP could not write the shards: {storage_reason(exc, seen)[:300]}") from exc
-
-
-class _HostWrites:
-    """The background writes of every worker of the host, as :func:`wait_for_storage` waits for them at the end.
-
-    After a DCP save local rank 0 alone publishes it (``state.pt``, the manifest): its host-mates, done, must not
-    wait for it inside one collective, which would fail after the host group's timeout (the collective timeout)
-    however steadily the storage writes. So :meth:`wait` waits up to its ``timeout`` for this worker's own writes,
-    then asks the host (an all-reduce over the host's group, met by every worker within that ``timeout``) whether
-    any of them has one left, and how many bytes they wrote since: :attr:`bytes_written` is the host's, so each
-    worker counts as progress the bytes local rank 0 moves. Every worker gets the same answer, so all return
-    together."""
-
-    def __init__(self, writes: "_Writes", store: CheckpointStore, device: Any) -> None:
-        self._writes, self._store, self._device = writes, store, device
-        self._since = store.bytes_written
-        self.bytes_written = 0
-
-    def wait(self, timeout: float) -> bool:
-        left = torch.tensor([0 if self._writes.wait(timeout) else 1, self._store.bytes_written - self._since],
-                            dtype=torch.int64, device=self._device)
-        dist.all_reduce(left)
-        self.bytes_written = int(left[1].item())
-        return int(left[0].item()) == 0
-
-
-class _Writes:
-    """One daemon thread that runs this worker's background writes in order (a daemon: a write still running
-    when the process ends is cut, and its folder, without a manifest, is skipped by readers)."""
-
-    def __init__(self) -> None:
-        self._queue: "queue.Queue[Callable[[], None]]" = queue.Queue()
-        self._pending = 0
-        self._lock = threading.Condition()
-        self._thread: threading.Thread | None = None
-
-    @property
-    def idle(self) -> bool:
-        with self._lock:
-            return self._pending == 0
-
-    def put(self, write: Callable[[], None]) -> None:
-        with self._lock:
-            self._pending += 1
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="cloud-elastic-sharded-checkpoint", daemon=True)
-                self._thread.start()
-        self._queue.put(write)
-
-    def wait(self, timeout: float | None) -> bool:
-        with self._lock:
-            return self._lock.wait_for(lambda: self._pending == 0, timeout)
-
-    def _run(self) -> None:
-        while True:
-            write = self._queue.get()
-            try:
-                write()
-            except CheckpointError as exc:
-                log.warning("the sharded checkpoint written in the background failed: %s", exc)
-            except Exception:  # noqa: BLE001 - the thread must go on for the next write
-                log.exception("the sharded checkpoint written in the background failed")
-            finally:
-                with self._lock:
-                    self._pending -= 1
-                    self._lock.notify_all()
 
 
 def _load(tensors: dict[str, Any], storage: Any) -> None:
