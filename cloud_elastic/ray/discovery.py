@@ -38,7 +38,7 @@ from cloud_elastic.providers.api import (
 )
 from cloud_elastic.ray._deps import require_ray
 
-__all__ = ["RayHostDiscovery", "check_gpus_per_slot"]
+__all__ = ["HorovodDiscovery", "RayHostDiscovery", "check_gpus_per_slot"]
 
 log = logging.getLogger(__name__)
 
@@ -141,6 +141,31 @@ class RayHostDiscovery(HostDiscovery):
                 ready[node_id] = slots
         hosts = {**ready, **leaving}
         return DiscoveredHosts(ready=ready, draining=leaving, instances={h: h for h in hosts})
+
+
+class HorovodDiscovery(HostDiscovery):
+    """A Horovod host discovery object (``find_available_hosts_and_slots()`` -> ``{host: slots}``), as a ported
+    script passes it to ``ElasticRayExecutor(override_discovery=...)``: its hosts are ready, none drains."""
+
+    name = "horovod"
+    description = "a Horovod discovery object given to ElasticRayExecutor (not selectable from the CLI)"
+
+    def __init__(self, horovod: Any) -> None:
+        self.horovod = horovod
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, str], *, slots_per_host: int | None = None) -> HorovodDiscovery:
+        raise ConfigError("a Horovod discovery object is given to ElasticRayExecutor(override_discovery=...), "
+                          "not chosen from the CLI")
+
+    def find(self) -> DiscoveredHosts:
+        found = self.horovod.find_available_hosts_and_slots()
+        try:
+            ready = {str(host): int(slots) for host, slots in dict(found).items() if int(slots) > 0}
+        except (TypeError, ValueError) as exc:
+            raise FatalDiscoveryError(f"override_discovery: find_available_hosts_and_slots() must return "
+                                      f"{{host: slots}}, got {found!r:.80}") from exc
+        return DiscoveredHosts(ready=ready)
 
 
 def check_gpus_per_slot(gpus_per_slot: Any) -> None:

@@ -23,7 +23,7 @@ from cloud_elastic.config import JobConfig
 from cloud_elastic.errors import ConfigError, JobFailed
 from cloud_elastic.ray._deps import require_ray
 from cloud_elastic.providers.api import HostDiscovery
-from cloud_elastic.ray.discovery import RayHostDiscovery, check_gpus_per_slot
+from cloud_elastic.ray.discovery import HorovodDiscovery, RayHostDiscovery, check_gpus_per_slot
 from cloud_elastic.ray.launcher import FunctionPayload, RayLauncher, node_for
 
 __all__ = ["ElasticRayExecutor", "RayRun", "RaySettings", "build_ray_run"]
@@ -100,39 +100,40 @@ class ElasticRayExecutor:
     def __init__(
         self,
         settings: RaySettings,
-        *,
         use_gpu: bool = False,
         cpus_per_slot: float = 1.0,
         gpus_per_slot: float | None = None,
         env_vars: Mapping[str, str] | None = None,
         override_discovery: HostDiscovery | bool | None = None,
     ) -> None:
-        """``gpus_per_slot``: whole GPUs per worker with ``use_gpu`` (``None``: 1). ``override_discovery``: the
-        :class:`HostDiscovery` to use instead of Ray's nodes; ``None`` or ``True`` (Horovod's default) keep Ray's."""
+        """Horovod's arguments, in its order. ``gpus_per_slot``: whole GPUs per worker with ``use_gpu`` (``None``:
+        1; refused without ``use_gpu``, as Horovod did). ``override_discovery``: the :class:`HostDiscovery` to use
+        instead of Ray's nodes, or a Horovod discovery object (one with ``find_available_hosts_and_slots()``);
+        ``None`` or ``True`` (Horovod's default) keep Ray's; anything else is a ConfigError."""
+        if gpus_per_slot and not use_gpu:
+            raise ConfigError(f"gpus_per_slot={gpus_per_slot!r} needs use_gpu=True (without it a worker gets no GPU)")
         if gpus_per_slot is None:
             gpus_per_slot = 1.0
         if use_gpu:
             check_gpus_per_slot(gpus_per_slot)
-        if override_discovery is False:
-            raise ConfigError("override_discovery=False: pass the HostDiscovery to use instead (Ray's nodes are "
-                              "the default)")
         self.settings = settings
         self.use_gpu = use_gpu
         self.cpus_per_slot = cpus_per_slot
         self.gpus_per_slot = gpus_per_slot
         self.env_vars = dict(env_vars or {})
-        self._discovery = override_discovery if isinstance(override_discovery, HostDiscovery) else RayHostDiscovery(
+        override = _discovery(override_discovery)
+        self._discovery = override if override is not None else RayHostDiscovery(
             address=None, use_gpu=use_gpu, cpus_per_slot=cpus_per_slot, gpus_per_slot=gpus_per_slot
         )
         self._driver_address: str | None = None
 
     @staticmethod
     def create_settings(
-        min_np: int = 1,
+        min_np: int | None = None,
         max_np: int | None = None,
         reset_limit: int | None = None,
-        elastic_timeout: float = 600.0,
-        start_timeout: float = 600.0,
+        elastic_timeout: float | None = None,
+        start_timeout: float | None = None,
         cooldown_range: tuple[float, float] | None = None,
         num_proc: int | None = None,
         verbose: bool = False,
@@ -145,27 +146,29 @@ class ElasticRayExecutor:
         """Settings with Horovod's argument names (seconds for timeouts); ``more`` sets other RaySettings fields.
 
         Horovod's ``min_num_proc``/``max_num_proc`` are ``min_np``/``max_np``, its ``timeout_s`` is
-        ``start_timeout``; its ``ssh_identity_file`` and ``nics`` have no meaning here and are refused.
+        ``start_timeout``: one setting given under both names with two values is refused. None is the default:
+        ``min_np`` 1, ``start_timeout`` 600 s, ``elastic_timeout`` ``$HOROVOD_ELASTIC_TIMEOUT``, else 600 s.
+        Horovod's ``ssh_identity_file`` and ``nics`` have no meaning here and are refused (None is accepted).
         """
-        extra = dict(more)
-        horovod_only = sorted({"ssh_identity_file", "nics"} & extra.keys())
+        from cloud_elastic.config import elastic_timeout_default
+
+        extra = {k: v for k, v in more.items() if not (k in _HOROVOD_ONLY and v is None)}
+        horovod_only = sorted(_HOROVOD_ONLY & extra.keys())
         if horovod_only:
             raise ConfigError(f"create_settings({horovod_only[0]}=...) is Horovod's and has no use here: there is "
                               f"no SSH, and each worker binds Gloo to its Ray node's IP")
         unknown = sorted(extra.keys() - {f.name for f in dataclasses.fields(RaySettings)})
         if unknown:
             raise ConfigError(f"create_settings: unknown setting(s) {', '.join(unknown)}")
-        if min_num_proc is not None:
-            min_np = _alias("min_np", min_np, 1, "min_num_proc", min_num_proc)
-        if max_num_proc is not None:
-            max_np = _alias("max_np", max_np, None, "max_num_proc", max_num_proc)
-        if timeout_s is not None:
-            start_timeout = _alias("start_timeout", start_timeout, 600.0, "timeout_s", timeout_s)
+        min_np = _alias("min_np", min_np, "min_num_proc", min_num_proc)
+        max_np = _alias("max_np", max_np, "max_num_proc", max_num_proc)
+        start_timeout = _alias("start_timeout", start_timeout, "timeout_s", timeout_s)
         if cooldown_range is not None:
             extra["cooldown_range_s"] = tuple(cooldown_range)
         return RaySettings(
-            min_np=min_np, max_np=max_np, num_proc=num_proc, reset_limit=reset_limit,
-            elastic_timeout_s=elastic_timeout, start_timeout_s=start_timeout, verbose=verbose, **extra,
+            min_np=1 if min_np is None else min_np, max_np=max_np, num_proc=num_proc, reset_limit=reset_limit,
+            elastic_timeout_s=elastic_timeout_default() if elastic_timeout is None else elastic_timeout,
+            start_timeout_s=600.0 if start_timeout is None else start_timeout, verbose=verbose, **extra,
         )
 
     def start(self) -> None:
@@ -176,14 +179,21 @@ class ElasticRayExecutor:
         self._driver_address = ray.util.get_node_ip_address()
 
     def run(
-        self, worker_fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None,
+        self, worker_fn: Callable[..., Any], callbacks: Sequence[Callable[[Any], Any]] | None = None, *,
+        args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None,
     ) -> list[Any]:
         """Run ``worker_fn(*args, **kwargs)`` on every worker until the job ends; return the results in rank order.
 
-        Raises :class:`JobFailed` with the driver's reason when the job failed. When that reason names a
-        worker whose training function raised, its exception (Ray's task error, an instance of the user's
-        class, with the remote traceback) is the ``__cause__``; an error the job had recovered from is not.
+        ``callbacks`` is Horovod's second argument, refused unless empty: Horovod called them with what rank 0
+        logged through its Ray queue, which does not exist here. Raises :class:`JobFailed` with the driver's
+        reason when the job failed. When that reason names a worker whose training function raised, its
+        exception (Ray's task error, an instance of the user's class, with the remote traceback) is the
+        ``__cause__``; an error the job had recovered from is not.
         """
+        if callbacks:
+            raise ConfigError("run(worker_fn, callbacks): Horovod's callbacks on what rank 0 logs through its Ray "
+                              "queue have no counterpart here (log from the training function); the function's own "
+                              "arguments go in args= and kwargs=")
         if self._driver_address is None:
             raise ConfigError("call ElasticRayExecutor.start() before run()")
         if not isinstance(self._discovery, RayHostDiscovery):
@@ -236,12 +246,32 @@ def _check_override_hosts(discovery: HostDiscovery) -> None:
                                                                   if len(missing) > 1 else ""))
 
 
-def _alias(name: str, value: Any, default: Any, horovod_name: str, horovod_value: Any) -> Any:
-    """``horovod_value``, Horovod's spelling of ``name``, unless ``name`` was given too (then refused)."""
-    if value != default and value != horovod_value:
+#: ``create_settings`` arguments of Horovod's that have no use here: refused unless None.
+_HOROVOD_ONLY = frozenset({"ssh_identity_file", "nics"})
+
+
+def _alias(name: str, value: Any, horovod_name: str, horovod_value: Any) -> Any:
+    """The one value given of ``name`` and ``horovod_name``, Horovod's spelling of it (None when neither was);
+    refused when both were given with different values."""
+    if value is not None and horovod_value is not None and value != horovod_value:
         raise ConfigError(f"create_settings: {name}={value!r} and {horovod_name}={horovod_value!r} name the same "
                           f"setting; pass one")
-    return horovod_value
+    return horovod_value if value is None else value
+
+
+def _discovery(override: Any) -> HostDiscovery | None:
+    """The discovery ``override_discovery`` names: None for Ray's nodes (None, True); ConfigError for what is none."""
+    if override is None or override is True:
+        return None
+    if isinstance(override, HostDiscovery):
+        return override
+    if override is False:
+        raise ConfigError("override_discovery=False: pass the HostDiscovery to use instead (Ray's nodes are "
+                          "the default)")
+    if callable(getattr(override, "find_available_hosts_and_slots", None)):
+        return HorovodDiscovery(override)
+    raise ConfigError(f"override_discovery must be None, True, a HostDiscovery or an object with Horovod's "
+                      f"find_available_hosts_and_slots(), got {type(override).__name__} {override!r:.60}")
 
 
 def named_error(reason: str, errors: Sequence[tuple[str, Any]]) -> Any:

@@ -3,14 +3,18 @@
 The Spark task writes the function (as Spark's cloudpickle serialised it, in a
 private temporary directory on its own executor) to ``FN`` and starts this
 module through the SSH launcher's wrapper, so the worker has a process group
-of its own that dies with the task. When the function returns, its value and
-this worker's rank go to ``RESULT``; the task hands them back to Spark. When it
+of its own that dies with the task. ``FN`` is this worker's own link to that
+file: it is deleted as soon as it is loaded. When the function returns, this
+worker's rank (a JSON line) and its value, pickled, go to ``RESULT``; the task hands
+the pickle back to Spark untouched, and ``run_elastic`` unpickles it on the driver. When it
 raises, or its value cannot be pickled, the one-line reason goes to ``RESULT.error`` for the caller. No
 pickle ever crosses a socket here: both files are local to the task.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import pickle
 import sys
 
@@ -19,6 +23,7 @@ def main(argv: list[str]) -> int:
     fn_path, result_path = argv
     with open(fn_path, "rb") as f:
         fn, args, kwargs = pickle.load(f)
+    os.unlink(fn_path)  # the user's function and arguments stay on disk no longer than needed
     try:
         value = fn(*args, **kwargs)  # a worker told to leave exits 0 from inside
     except Exception as exc:
@@ -37,7 +42,6 @@ def main(argv: list[str]) -> int:
         # Heartbeats go on while the value is pickled (minutes for a large state_dict) and through the exit
         # hooks, as for any script: the driver gives up a completed worker that goes silent.
         rank = ctx.info.rank if ctx.info is not None else None
-    import os
 
     # Spark's cloudpickle, as Spark itself uses for what a task returns: a value whose class lives in the
     # driver's script or notebook (``__main__``) is pickled by value; plain pickle refuses it.
@@ -45,7 +49,8 @@ def main(argv: list[str]) -> int:
 
     try:
         with open(result_path + ".tmp", "wb") as f:
-            cloudpickle.dump({"rank": rank, "value": value}, f)
+            f.write(json.dumps({"rank": rank}).encode() + b"\n")
+            cloudpickle.dump(value, f)
     except Exception as exc:
         os.unlink(result_path + ".tmp")
         with open(result_path + ".error", "w") as f:

@@ -6,7 +6,8 @@ process of its own (:mod:`cloud_elastic.spark.runfn` under the SSH launcher's
 wrapper, which dies with the task), relays ``TERM``/``KILL`` orders to it, and
 reports its exit. Then:
 
-* the function returned: the task returns ``[(rank, value)]`` to Spark;
+* the function returned: the task returns ``[(rank, pickled value)]`` to Spark, the bytes the
+  worker wrote, untouched: the value is unpickled once, by ``run_elastic`` on the driver;
 * the worker was told to leave (exit 0): the task stays registered and goes
   back to waiting for orders, because Spark never reruns a partition that
   succeeded: returning would take its slot from the job for good. It returns
@@ -17,7 +18,14 @@ reports its exit. Then:
 
 A task that registers after training ended is told to exit at once. The
 worker sees only the GPUs Spark assigned to its task (:func:`worker_env`).
-Its temporary folder (the pickled function and result) is removed when the task ends.
+
+The task pickles the function and its arguments into its temporary folder once,
+before it registers: pickling a large argument takes a while, and a task that
+stopped polling meanwhile would be declared lost. Each worker gets a link of its
+own to that file, which it deletes once it has loaded it. The folder is removed
+when the task ends, and also when Spark SIGKILLs the task's process (a cancelled
+job): a small process beside the task (:data:`_JANITOR`) removes it when the
+task's end of its pipe closes, however the task ended.
 Imports the standard library and cloud-elastic's control plane only.
 """
 
@@ -25,7 +33,6 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
 import shutil
 import signal
 import socket
@@ -104,21 +111,26 @@ def worker_env(base: Mapping[str, str], job_env: Mapping[str, Any], ip: str,
 
 
 def run_task(settings: TaskSettings, index: int, attempt: int,
-             gpus: Sequence[str] | None = None) -> list[tuple[int | None, Any]]:
-    """Run one task to its end (see module docstring); ``gpus``: the GPU addresses Spark assigned to it."""
+             gpus: Sequence[str] | None = None) -> list[tuple[int | None, bytes]]:
+    """Run one task to its end (see module docstring); ``gpus``: the GPU addresses Spark assigned to it.
+    Returns ``[(rank, the value pickled)]`` when this task's worker returned, else ``[]``."""
     from cloud_elastic.worker.link.client import DriverClient
 
     client = DriverClient(settings.registry, Codec(settings.registry_key, settings.job_id), f"spark-task-{index}")
     ip = _route_ip(settings.registry)
-    reply = client.call("register", {"index": index, "attempt": attempt, "ip": ip})
-    if reply.get("order") == "exit":
-        return []
-    key = reply["key"]
     workdir = tempfile.mkdtemp(prefix="cloud-elastic-task-")
+    janitor = _janitor(workdir)
     wrapper: subprocess.Popen | None = None
     worker_id = ""
+    started = 0
     result_path = os.path.join(workdir, "result.pkl")
+    fn_path = os.path.join(workdir, "fn.pkl")
     try:
+        _write_fn(settings, fn_path)  # before registering: no poll is due while it takes
+        reply = client.call("register", {"index": index, "attempt": attempt, "ip": ip})
+        if reply.get("order") == "exit":
+            return []
+        key = reply["key"]
         while True:
             order = client.call("order", {"key": key}, timeout_s=60.0)
             kind = order.get("order")
@@ -126,7 +138,8 @@ def run_task(settings: TaskSettings, index: int, attempt: int,
                 return []
             if kind == "start" and wrapper is None:
                 worker_id = str(order.get("worker_id", ""))
-                wrapper = _start(settings, order, ip, gpus, workdir, result_path)
+                started += 1
+                wrapper = _start(settings, order, ip, gpus, workdir, _worker_fn(fn_path, started), result_path)
             elif wrapper is not None and (kind == "exit" or kind in ("TERM", "KILL") and _for(order, worker_id)):
                 _send(wrapper, "KILL" if kind == "KILL" else f"TERM {float(order.get('grace_s', settings.grace_s)):g}")
             if wrapper is not None and wrapper.poll() is not None:
@@ -136,9 +149,9 @@ def run_task(settings: TaskSettings, index: int, attempt: int,
                 error = _take(result_path + ".error", lambda f: f.read(500), "r") or ""
                 client.call("exited", {"key": key, "worker_id": worker_id, "code": code, "error": error,
                                        "leaving": code != 0 or os.path.exists(result_path)})
-                result = _take(result_path, pickle.load, "rb")
+                result = _take(result_path, read_result, "rb")
                 if result is not None:
-                    return [(result["rank"], result["value"])]
+                    return [result]
                 if code != 0:
                     raise WorkerFailed(f"the worker in spark task {index} (attempt {attempt}) exited with code {code}")
                 # Sent away (exit 0): wait for the next worker or the end of training.
@@ -147,6 +160,72 @@ def run_task(settings: TaskSettings, index: int, attempt: int,
             _send(wrapper, "KILL")
             wrapper.wait()
         shutil.rmtree(workdir, ignore_errors=True)
+        _dismiss(janitor)
+
+
+#: What the janitor beside each task runs (``python -I -c``, so it starts in milliseconds): it waits for the
+#: end of its stdin, which comes when the task's process ends however it ends (Spark SIGKILLs the Python worker
+#: of a cancelled task; its wrapper and worker are then killed too, see :func:`_start`), and removes the task's
+#: folder, with the function and arguments pickled in it. It tries again for a few seconds while a worker
+#: being killed may still write there.
+_JANITOR = """\
+import os, shutil, sys, time
+sys.stdin.buffer.read()
+path, end = sys.argv[1], time.monotonic() + 10.0
+while os.path.lexists(path) and time.monotonic() < end:
+    shutil.rmtree(path, ignore_errors=True)
+    if os.path.lexists(path):
+        time.sleep(0.1)
+"""
+
+
+def _janitor(workdir: str) -> subprocess.Popen | None:
+    """Start the janitor of ``workdir`` (:data:`_JANITOR`), in a session of its own so that nothing sent to the
+    task's process group reaches it; None if it cannot start (the task's own ``finally`` still removes the folder)."""
+    try:
+        return subprocess.Popen([sys.executable, "-I", "-c", _JANITOR, workdir], stdin=subprocess.PIPE,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    except OSError:
+        return None
+
+
+def _dismiss(janitor: subprocess.Popen | None) -> None:
+    """The task is ending by itself (its folder removed already): let its janitor go."""
+    if janitor is None:
+        return
+    try:
+        assert janitor.stdin is not None
+        janitor.stdin.close()
+        janitor.wait(5.0)
+    except (OSError, subprocess.TimeoutExpired):  # it ends by itself within its own bound
+        pass
+
+
+def _write_fn(settings: TaskSettings, fn_path: str) -> None:
+    """Pickle the training function and its arguments to ``fn_path`` (private: the folder is the task's own)."""
+    from pyspark import cloudpickle  # the serialiser Spark itself used for the closure
+
+    with open(fn_path, "wb") as f:
+        cloudpickle.dump((settings.fn, tuple(settings.args), dict(settings.kwargs)), f)
+
+
+def _worker_fn(fn_path: str, number: int) -> str:
+    """A path of the task's ``number``-th worker's own to the pickled function, which the worker deletes once
+    loaded: a hard link to the task's copy (a copy where links are refused), made at once however large the
+    arguments are."""
+    path = f"{fn_path}.{number}"
+    try:
+        os.link(fn_path, path)
+    except OSError:
+        shutil.copyfile(fn_path, path)
+    return path
+
+
+def read_result(f: Any) -> tuple[int | None, bytes]:
+    """``(rank, the value pickled)`` from a result file :mod:`~cloud_elastic.spark.runfn` wrote: a JSON line with the
+    rank, then the pickle, kept as bytes."""
+    head = json.loads(f.readline())
+    return head["rank"], f.read()
 
 
 def _for(order: Mapping[str, Any], worker_id: str) -> bool:
@@ -166,15 +245,10 @@ def _take(path: str, read: Callable[[Any], Any], mode: str) -> Any:
 
 
 def _start(settings: TaskSettings, order: Mapping[str, Any], ip: str, gpus: Sequence[str] | None,
-           workdir: str, result_path: str) -> subprocess.Popen:
+           workdir: str, fn_path: str, result_path: str) -> subprocess.Popen:
     from cloud_elastic.driver.launch.ssh_remote import MODULE, WrapperArgs, die_with_parent, wrapper_argv
     from cloud_elastic.spark.registry import unseal
 
-    fn_path = os.path.join(workdir, "fn.pkl")
-    from pyspark import cloudpickle  # the serialiser Spark itself used for the closure
-
-    with open(fn_path, "wb") as f:
-        cloudpickle.dump((settings.fn, tuple(settings.args), dict(settings.kwargs)), f)
     job_env = json.loads(unseal(settings.registry_key, str(order["env"])))
     env = worker_env(os.environ, job_env, ip, gpus)
     cwd = str(order.get("cwd") or "")

@@ -131,8 +131,18 @@ def test_a_node_ray_drains_leaves_at_a_commit_without_a_rollback(nodes, tmp_path
     assert results[0]["step"] >= alone[0]["step"]
 
 
+class _HorovodDiscovery:
+    """A Horovod host discovery object, as a ported script passes it in ``override_discovery``."""
+
+    def __init__(self, hosts: dict[str, int]) -> None:
+        self.hosts = hosts
+
+    def find_available_hosts_and_slots(self) -> dict[str, int]:
+        return dict(self.hosts)
+
+
 def test_a_failing_training_function_is_the_cause_of_the_job_failure_raised_in_the_caller(nodes):
-    nodes.add(2)
+    a, b = nodes.add(2)
 
     def broken() -> None:
         import cloud_elastic.torch as hvd
@@ -140,8 +150,13 @@ def test_a_failing_training_function_is_the_cause_of_the_job_failure_raised_in_t
         hvd.init()
         raise ValueError(f"bad batch on rank {hvd.rank()}")
 
+    # Built as a script ported from Horovod builds it: its arguments in Horovod's order, and a Horovod discovery
+    # object naming the nodes (by node id here: the test cluster's nodes share one IP).
+    settings = ElasticRayExecutor.create_settings(min_np=2, max_np=2)
+    executor = ElasticRayExecutor(settings, False, 1, None, None, _HorovodDiscovery({a.node_id: 1, b.node_id: 1}))
+    executor.start()
     with pytest.raises(JobFailed) as failed:
-        _executor(2, 2).run(broken)
+        executor.run(broken)
     assert isinstance(failed.value.__cause__, ValueError)
     assert "bad batch on rank" in str(failed.value.__cause__)
 

@@ -20,15 +20,22 @@ from cloud_elastic.worker.link.client import DriverClient
 pytestmark = pytest.mark.timeout(60)
 
 
-def test_sizes_default_from_the_spark_configuration_as_horovod_did():
+def test_sizes_default_from_the_dynamic_allocation_settings_only_when_it_is_enabled():
+    on = {"spark.dynamicAllocation.enabled": "true"}
     dyn = {"spark.dynamicAllocation.minExecutors": "2", "spark.dynamicAllocation.maxExecutors": "8",
            "spark.dynamicAllocation.initialExecutors": "4"}
-    assert spark_defaults(dyn, 16, None, None, None) == (4, 2, 8)
-    assert spark_defaults({"spark.dynamicAllocation.minExecutors": "3"}, 16, None, None, None) == (3, 3, 3)
-    assert spark_defaults({}, 6, None, None, None) == (6, 6, 6)
-    assert spark_defaults(dyn, 16, 5, 1, 9) == (5, 1, 9)
+    assert spark_defaults({**on, **dyn}, 16, None, None, None) == (4, 2, 8)
+    assert spark_defaults({**on, "spark.dynamicAllocation.minExecutors": "3"}, 16, None, None, None) == (3, 3, 3)
+    assert spark_defaults({"spark.dynamicAllocation.enabled": " TRUE "}, 6, None, None, None) == (6, 6, 6)
+    assert spark_defaults({**on, **dyn}, 16, 5, 1, 9) == (5, 1, 9)
     with pytest.raises(ConfigError, match="spark.dynamicAllocation.maxExecutors must be an integer"):
-        spark_defaults({"spark.dynamicAllocation.maxExecutors": "many"}, 2, None, None, None)
+        spark_defaults({**on, "spark.dynamicAllocation.maxExecutors": "many"}, 2, None, None, None)
+    # Switched off (Spark's default), its executor counts say nothing of this job: a fixed-size job stays at
+    # num_proc workers, as in Horovod, instead of growing to maxExecutors (global batch and cost with it).
+    off = {"spark.dynamicAllocation.enabled": "false", "spark.dynamicAllocation.minExecutors": "2",
+           "spark.dynamicAllocation.maxExecutors": "50"}
+    assert spark_defaults(off, 8, 4, None, None) == (4, 4, 4)
+    assert spark_defaults({**dyn, "spark.dynamicAllocation.maxExecutors": "many"}, 6, None, None, None) == (6, 6, 6)
 
 
 def test_a_sealed_secret_opens_only_under_its_key_and_does_not_show_in_clear():

@@ -191,3 +191,82 @@ def test_checkpoint_dir_and_the_drivers_other_settings_reach_the_driver_and_verb
     config = made[0].config
     assert (config.checkpoint_dir, config.heartbeat_timeout_s, config.discovery_interval_s) == (str(tmp_path), 9.0, 2.0)
     assert "cloud-elastic: round 1: 1 worker" in capsys.readouterr().err
+
+
+class _ReturningSpark(_FailingSpark):
+    """A Spark whose stage hands back ``rows`` after ``busy_s``, its one task running meanwhile (as a task handing
+    a large value back is), or, with ``running=False``, a stage whose queued tasks Spark never runs."""
+
+    def __init__(self, rows, busy_s: float, running: bool = True) -> None:
+        super().__init__()
+        self.rows, self.busy_s, self.running = rows, busy_s, running
+
+    def collect(self):
+        if self._cancel.wait(self.busy_s):
+            raise RuntimeError("job group cancelled")
+        return self.rows
+
+    def statusTracker(self):
+        import types
+
+        running = 1 if self.running and not self._cancel.is_set() else 0
+        return types.SimpleNamespace(
+            getJobIdsForGroup=lambda group: [7] if group in self.groups else [],
+            getJobInfo=lambda job: types.SimpleNamespace(stageIds=[3]),
+            getStageInfo=lambda stage: types.SimpleNamespace(numActiveTasks=running))
+
+
+def test_after_training_a_stage_whose_tasks_still_run_is_waited_for_and_one_left_idle_is_cancelled(monkeypatch):
+    pytest.importorskip("pyspark", reason="run_elastic needs PySpark installed")
+    import pickle
+
+    from cloud_elastic.driver.job.actions import Finish
+    from cloud_elastic.errors import JobFailed
+    from cloud_elastic.spark import run_elastic, runner
+
+    monkeypatch.setattr(runner, "STAGE_IDLE_S", 0.3)
+    _driver(monkeypatch, Finish(True, "training completed", 0))
+    # Tasks handing their values back (a large state_dict) for longer than the idle limit: waited for, not
+    # cancelled (that failed a job whose training had succeeded); the values, as the workers pickled them,
+    # are unpickled here, in rank order.
+    sc = _ReturningSpark([(1, pickle.dumps("b")), (0, pickle.dumps("a"))], busy_s=1.5)
+    assert run_elastic(len, num_proc=2, min_np=2, max_np=2, spark_context=sc) == ["a", "b"]
+    assert sc.cancelled == []
+    # Tasks Spark keeps queued (no executor for them) and none running: cancelled once idle that long.
+    sc = _ReturningSpark([], busy_s=30.0, running=False)
+    with pytest.raises(JobFailed, match="training finished but the Spark job failed: job group cancelled"):
+        run_elastic(len, num_proc=1, min_np=1, max_np=1, spark_context=sc)
+    assert sc.cancelled == sc.groups
+
+
+def test_horovods_run_elastic_arguments_are_taken_in_its_order_with_its_defaults(monkeypatch, caplog):
+    pytest.importorskip("pyspark", reason="run_elastic needs PySpark installed")
+    from cloud_elastic.driver.job.actions import Finish
+    from cloud_elastic.errors import ConfigError, JobFailed
+    from cloud_elastic.spark import run_elastic
+
+    made = _driver(monkeypatch, Finish(False, "stopped", 1))
+    monkeypatch.delenv("HOROVOD_ELASTIC_TIMEOUT", raising=False)
+    monkeypatch.delenv("CLOUD_ELASTIC_ELASTIC_TIMEOUT", raising=False)
+    monkeypatch.setenv("HOROVOD_SPARK_START_TIMEOUT", "45")
+    caplog.set_level("WARNING", logger="cloud_elastic.spark")
+    # Horovod's signature: fn, args, kwargs, num_proc, min_np, max_np, start_timeout, elastic_timeout,
+    # reset_limit, env, stdout, stderr, verbose, nics, prefix_output_with_timestamp.
+    with pytest.raises(JobFailed):
+        run_elastic(len, (), {}, 1, 1, 1, 30, 90, 3, {"A": "1"}, spark_context=_FailingSpark())
+    config = made[-1].config
+    assert (config.start_timeout_s, config.elastic_timeout_s, config.reset_limit) == (30, 90, 3)
+    assert config.forward_env == ("A=1",)
+    # None is Horovod's default (its variables, else 600 s), not a ConfigError naming the CLI's flags.
+    with pytest.raises(JobFailed):
+        run_elastic(len, num_proc=1, min_np=1, max_np=1, start_timeout=None, elastic_timeout=None,
+                    cooldown_range=None, nics=["eth9"], stdout=None, stderr=object(),
+                    prefix_output_with_timestamp=True, verbose=1, spark_context=_FailingSpark())
+    config = made[-1].config
+    assert (config.start_timeout_s, config.elastic_timeout_s, config.cooldown_range_s) == (45, 600, (1.0, 10.0))
+    assert config.network_interface == "eth9"  # --network-interface: Gloo and NCCL use it on the workers
+    ignored = sorted(r.getMessage().split("(")[1].split("=")[0] for r in caplog.records
+                     if "is ignored" in r.getMessage())
+    assert ignored == ["prefix_output_with_timestamp", "stderr"], caplog.text
+    with pytest.raises(ConfigError, match=r"^nics=\['eth0', 'eth1'\]: the workers use one network interface"):
+        run_elastic(len, num_proc=1, nics={"eth0", "eth1"}, spark_context=_FailingSpark())

@@ -108,15 +108,44 @@ def test_tasks_still_queued_when_training_ends_exit_at_once_and_the_job_returns(
     assert returned - max(r.created for r in late) < 10.0
 
 
-def test_a_return_value_slower_to_pickle_than_the_heartbeat_timeout_comes_back(spark):
+def _note_load(path: str) -> dict:
+    with open(path, "a") as f:
+        f.write(f"{os.getpid()}\n")
+    return {}
+
+
+class _NotesWhereLoaded:
+    """A value that, when unpickled, notes the process it is unpickled in (and becomes an empty dict)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return (_note_load, (self.path,))
+
+
+def train_return_slowly_and_note_where_loaded(example, steps: int, loads: str) -> dict:
+    from tests.ray.test_slow_return import train_and_return_slowly
+
+    result = train_and_return_slowly(example, steps)
+    result["loaded"] = _NotesWhereLoaded(loads)
+    return result
+
+
+def test_a_return_value_slower_to_pickle_than_the_heartbeat_timeout_comes_back_unpickled_once_here(spark, tmp_path):
     # The worker keeps heartbeating while its value is pickled for the task (a large state_dict): see
     # tests/ray/test_slow_return.py. In this module to share its Spark session (one more took 9 s to start).
+    # The value is unpickled once, in this process: a task that loaded it (a large state_dict: minutes) before
+    # handing it to Spark, which pickled it again, made its stage outlast training by twice that.
     from cloud_elastic.spark import run_elastic
-    from tests.ray.test_slow_return import HEARTBEAT_TIMEOUT_S, train_and_return_slowly
+    from tests.ray.test_slow_return import HEARTBEAT_TIMEOUT_S
 
-    results = run_elastic(train_and_return_slowly, kwargs={"example": load_example("pyspark"), "steps": 4},
+    loads = tmp_path / "loads"
+    results = run_elastic(train_return_slowly_and_note_where_loaded,
+                          kwargs={"example": load_example("pyspark"), "steps": 4, "loads": str(loads)},
                           num_proc=1, min_np=1, max_np=1, heartbeat_timeout=HEARTBEAT_TIMEOUT_S)
-    assert [(r["rank"], r["step"], r["blob"]) for r in results] == [(0, 4, {})]
+    assert [(r["rank"], r["step"], r["blob"], r["loaded"]) for r in results] == [(0, 4, {}, {})]
+    assert loads.read_text().split() == [str(os.getpid())], "the value was unpickled elsewhere than in run_elastic"
 
 
 def test_results_come_back_in_rank_order_with_identical_replicas_the_same_model_as_under_cloud_elastic_run(

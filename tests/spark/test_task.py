@@ -17,6 +17,7 @@ import sys
 import tempfile
 import textwrap
 import threading
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -25,7 +26,7 @@ import pytest
 from cloud_elastic.driver.launch.api import ExitStatus, WorkerSpec
 from cloud_elastic.spark.launcher import SparkTaskLauncher
 from cloud_elastic.spark.registry import TaskRegistry
-from cloud_elastic.spark.task import TaskSettings, WorkerFailed, run_task, task_gpus, worker_env
+from cloud_elastic.spark.task import TaskSettings, WorkerFailed, read_result, run_task, task_gpus, worker_env
 from tests.ray.conftest import wait_for
 
 pytestmark = pytest.mark.timeout(120)
@@ -62,10 +63,11 @@ def task_tmp(tmp_path, monkeypatch):
 class _Task:
     """``run_task`` on a thread, as a Spark task runs it, against a real registry."""
 
-    def __init__(self, fn, args) -> None:
-        self.registry = TaskRegistry("job1")
+    def __init__(self, fn, args, kwargs=None, stale_s: float = 5.0) -> None:
+        self.registry = TaskRegistry("job1", stale_s=stale_s)
         self.registry.start()
-        self.settings = TaskSettings(f"127.0.0.1:{self.registry.port}", self.registry.key, "job1", fn, args, {})
+        self.settings = TaskSettings(f"127.0.0.1:{self.registry.port}", self.registry.key, "job1", fn, args,
+                                     kwargs or {})
         self.outcome: dict = {}
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
@@ -110,9 +112,36 @@ def test_a_task_whose_function_returned_hands_the_value_back_leaves_and_removes_
         assert task.run_worker("w1") == ExitStatus(0)
     finally:
         outcome = task.end()
-    assert outcome == {"rows": [(None, 5)]}
+    # The value as the worker pickled it: unpickled once, by run_elastic on the driver, not here too.
+    [(rank, data)] = outcome["rows"]
+    assert (rank, pickle.loads(data)) == (None, 5)
     assert task.key not in task.registry.alive()
     assert not list(task_tmp.glob("cloud-elastic-task-*")), "the task's folder (function, result) was left behind"
+
+
+class _SlowToPickle:
+    """An argument that takes :data:`_PICKLE_S` to pickle (a dataset, a model) and loads as an empty dict (so the
+    worker imports nothing of the tests)."""
+
+    def __reduce__(self):
+        time.sleep(_PICKLE_S)
+        return (dict, ())
+
+
+#: Longer than the registry's staleness limit in the test below (1.5 s), with room: a task that stops polling
+#: while it pickles counts as gone.
+_PICKLE_S = 3.0
+
+
+def test_an_argument_slower_to_pickle_than_the_staleness_limit_does_not_lose_the_task(task_tmp):
+    task = _Task(dict, (), {"data": _SlowToPickle()}, stale_s=1.5)
+    try:
+        # Pickled before the task registered, not when its worker was ordered to start: the task polls throughout.
+        assert task.run_worker("w1") == ExitStatus(0)
+    finally:
+        outcome = task.end()
+    [(rank, data)] = outcome["rows"]
+    assert pickle.loads(data) == {"data": {}}
 
 
 def _descendants(pid: int) -> set[int]:
@@ -209,10 +238,14 @@ def test_the_worker_and_its_children_die_with_its_task(task_tmp):
             return procs if any(b"cloud_elastic.spark.runfn" in _cmdline(p) for p in procs) else set()
 
         left = wait_for(worker_started, 30, "the worker starting") | set(_worker_pids(out))
+        [folder] = task_tmp.glob("cloud-elastic-task-*")
+        assert not list(folder.glob("fn.pkl.*")), "the worker kept its copy of the function after loading it"
         os.kill(task.pid, signal.SIGKILL)  # as Spark kills a task's Python process (task kill, cancel)
         wait_for(lambda: not any(_running(p) for p in left), 30,
                  "the wrapper, the worker and the worker's child dying with their task")
         assert "SIGTERM" not in out.read_text(), "the worker was told its host is going"
+        # Nothing of the task is left: its folder held the user's function and arguments, pickled.
+        wait_for(lambda: not folder.exists(), 30, "the killed task's folder being removed")
     finally:
         for pid in left:
             if _running(pid):
@@ -245,9 +278,12 @@ def test_a_value_of_a_class_only_the_driver_script_defines_comes_back(task_tmp):
         rank: int
 
     result = str(task_tmp / "result.pkl")
-    assert runfn.main([_fn_file(task_tmp, lambda: Result(3)), result]) == 0
+    fn_file = _fn_file(task_tmp, lambda: Result(3))
+    assert runfn.main([fn_file, result]) == 0
+    assert not os.path.exists(fn_file), "the worker kept the function after loading it"
     with open(result, "rb") as f:
-        assert pickle.load(f)["value"].rank == 3
+        rank, data = read_result(f)
+    assert rank is None and pickle.loads(data).rank == 3
 
 
 def test_a_value_that_cannot_be_pickled_fails_the_worker_with_the_reason(task_tmp):
