@@ -75,7 +75,10 @@ class CostMeter:
         self._slots = 0  # slots held now
         self._unpriced = 0  # of them, without a price
         self._idle = 0  # of them, no worker's
+        self._idle_unpriced = 0  # of those, without a price
         self.idle_slot_hours = 0.0
+        #: Of ``idle_slot_hours``, those without a price (counted in ``unpriced_slot_hours`` too).
+        self.idle_unpriced_slot_hours = 0.0
         self.dollars = 0.0
         self.slot_hours = 0.0
         self.unpriced_slot_hours = 0.0
@@ -83,9 +86,11 @@ class CostMeter:
         #: The fallback source's price per slot-hour, as last known (None: never known).
         self.fallback_price: float | None = None
 
-    def advance(self, now: float, held: Mapping[str, tuple[int, float, int]], idle: int = 0) -> None:
+    def advance(self, now: float, held: Mapping[str, tuple[int, float, int]], idle: int = 0,
+                idle_unpriced: int = 0) -> None:
         """Charge up to ``now`` at the old rates, then take ``held``: source -> (slots held, dollars per hour of
-        them, slots of them without a price); ``idle``: how many of the slots held no worker uses."""
+        them, slots of them without a price); ``idle``: how many of the slots held no worker uses, and
+        ``idle_unpriced`` of those, how many have no price."""
         if self._last is not None and now > self._last:
             hours = (now - self._last) / 3600.0
             for source, rate in self._rates.items():
@@ -95,22 +100,24 @@ class CostMeter:
             self.slot_hours += self._slots * hours
             self.unpriced_slot_hours += self._unpriced * hours
             self.idle_slot_hours += self._idle * hours
+            self.idle_unpriced_slot_hours += self._idle_unpriced * hours
         if self._last is None or now >= self._last:
             self._last = now
         self._rates = {source: rate for source, (slots, rate, unpriced) in held.items() if slots > unpriced}
         self._slots = sum(slots for slots, _, _ in held.values())
         self._unpriced = sum(unpriced for _, _, unpriced in held.values())
-        self._idle = idle
+        self._idle, self._idle_unpriced = idle, idle_unpriced
 
     def carry(self, before: CostSoFar) -> None:
         """Count ``before`` (what the job cost under an earlier driver) as spent: the figures go on from it."""
         self.dollars += before.dollars
         self.slot_hours += before.slot_hours
         self.unpriced_slot_hours += before.unpriced_slot_hours
+        # Which of its idle slot-hours had no price is not carried: counted as priced (the "fallback alone" figure
+        # leaves them out once, as before the split was kept).
         self.idle_slot_hours += before.idle_slot_hours
-        for source, dollars in before.by_source:
-            if dollars:  # an earlier driver's $0 entry stood for a source with no known price: left out, as here
-                self.by_source[source] = self.by_source.get(source, 0.0) + dollars
+        for source, dollars in before.by_source:  # $0 too: a source priced at 0 (unpriced ones are never in it)
+            self.by_source[source] = self.by_source.get(source, 0.0) + dollars
 
     def so_far(self) -> CostSoFar:
         return CostSoFar(self.dollars, self.slot_hours, self.unpriced_slot_hours, tuple(sorted(self.by_source.items())),
@@ -123,7 +130,9 @@ class CostMeter:
     def summary(self) -> CostSummary:
         # A job on the fallback alone holds the job's slots, not the fallback hosts this job raised and left idle
         # (the price of the fallback policy, counted in ``dollars``): they are left out of what it would have cost.
-        priced = max(0.0, self.slot_hours - self.unpriced_slot_hours - self.idle_slot_hours)
+        # An idle slot without a price is counted once, among the unpriced ones.
+        idle_priced = self.idle_slot_hours - self.idle_unpriced_slot_hours
+        priced = max(0.0, self.slot_hours - self.unpriced_slot_hours - idle_priced)
         fallback = None if self.fallback_price is None else self.fallback_price * priced
         return CostSummary(dollars=self.dollars, dollars_per_hour=self.dollars_per_hour, slot_hours=self.slot_hours,
                            unpriced_slot_hours=self.unpriced_slot_hours, fallback_only=fallback,

@@ -5,7 +5,8 @@ costs the latest ``DescribeSpotPriceHistory`` price of its type in its
 availability zone (Linux/UNIX); an on-demand one costs the ``on_demand_price``
 the user gave (AWS's price list is not read: the Pricing API lives in two regions
 and needs its own permission). Spot prices are cached for ``refresh_s`` per
-(type, zone), so a group of any size costs one call per pair and refresh.
+(type, zone), so a group of any size costs one call per pair and refresh; so is
+a pair the history gave no usable price (none, or no number), with one WARNING per pair.
 
 The capacity is set with ``SetDesiredCapacity`` (``HonorCooldown=false``: the
 driver asks only when the job needs the hosts now, or when it is done with them).
@@ -48,7 +49,10 @@ class SpotPrices:
     def __init__(self, clock: Callable[[], float], refresh_s: float = 300.0) -> None:
         self._clock = clock
         self._refresh_s = refresh_s
-        self._cache: dict[tuple[str, str], tuple[float, float]] = {}  # (type, zone) -> (price, read at)
+        # (type, zone) -> (price, read at); None: the history had no usable price then (not read again before the
+        # refresh: a zone without history was read at every discovery).
+        self._cache: dict[tuple[str, str], tuple[float | None, float]] = {}
+        self._warned: set[tuple[str, str]] = set()  # pairs already said to have no usable price
 
     def prices(self, ec2: Any, hosts: Mapping[str, InstancePrice], on_demand: float | None) -> dict[str, float]:
         """Host -> dollars per instance-hour, for the hosts that can be priced."""
@@ -62,8 +66,8 @@ class SpotPrices:
             if not p.spot:
                 if on_demand is not None:
                     out[host] = on_demand
-            elif (p.instance_type, p.zone) in self._cache:
-                out[host] = self._cache[(p.instance_type, p.zone)][0]
+            elif (price := self._cache.get((p.instance_type, p.zone), (None, 0.0))[0]) is not None:
+                out[host] = price
         return out
 
     def _read(self, ec2: Any, wanted: Iterable[tuple[str, str]], now: float) -> None:
@@ -76,19 +80,25 @@ class SpotPrices:
                 StartTime=now_utc(),
             )
             latest: dict[str, tuple[Any, float]] = {}
+            odd: dict[str, object] = {}  # type -> a price given that is no number
             for page in pages:
                 for item in page.get("SpotPriceHistory", []):
                     itype, stamp = item.get("InstanceType"), item.get("Timestamp")
                     try:
                         price = float(item.get("SpotPrice"))
                     except (TypeError, ValueError):
+                        odd.setdefault(itype, item.get("SpotPrice"))
                         continue
                     if itype in types and (itype not in latest or (stamp or 0) > (latest[itype][0] or 0)):
                         latest[itype] = (stamp, price)
-            for itype, (_, price) in latest.items():
-                self._cache[(itype, zone)] = (price, now)
-            for itype in types - set(latest):
-                _log.debug("no spot price for %s in %s", itype, zone)
+            for itype in types:
+                self._cache[(itype, zone)] = (latest[itype][1] if itype in latest else None, now)
+            for itype in sorted(types - set(latest) - {t for t, z in self._warned if z == zone}):
+                self._warned.add((itype, zone))
+                given = f"a price that is no number ({odd[itype]!r})" if itype in odd else "no price"
+                _log.warning("DescribeSpotPriceHistory gave %s for %s in %s: its spot instances are left out of the "
+                             "cost, as of unknown price (read again every %gs); to give the price by hand: "
+                             "--source NAME:price=D (dollars per slot-hour)", given, itype, zone, self._refresh_s)
 
 
 def now_utc() -> Any:

@@ -13,7 +13,9 @@ Guarantees, beyond :class:`~.api.HostDiscovery`'s:
   recovers. ``find()`` raises only when every source failed and none has a snapshot left to report.
 * **A hanging source does not hold the others up.** Each source's call is waited for ``--discovery-timeout`` at most
   (:func:`call_limit_s`); past it the source counts as failing, as above, named in the message. Its call runs on: no
-  other starts beside it (its releases and capacity changes wait for its end), and its late answer is used.
+  other starts beside it (its releases and capacity changes wait for its end), and its late answer is used. So do
+  its price reads and capacity changes, on a thread of their own (:meth:`_side`): waited for up to the source's
+  limit, a price read only in the find() that began it (its last prices kept until it answers).
 * **No fallback raised on a partial first answer.** While a non-fallback source that has never answered fails
   (retryably), for up to :data:`UNHEARD_HOLD_S` (or ``stale_limit_s`` if shorter; well below the default
   ``--start-timeout``), a raise of a fallback group is kept pending (one INFO line): a spot group throttled at its
@@ -24,23 +26,18 @@ Guarantees, beyond :class:`~.api.HostDiscovery`'s:
   earlier ones failed retryably: ExpiredToken after an hour) is a failure of that source only, as above.
 * A host reported by two sources (two groups that share a subnet) counts for the first one given; one WARNING.
 * Prices: a source's ``price`` (per slot-hour) for each of its hosts; else the provider's
-  :meth:`~.api.HostDiscovery.hourly_prices` (per instance-hour, AWS spot prices, refreshed every
-  ``price_refresh_s``) divided by the host's slots. A draining host is no longer reported with its slots: it is
-  divided by the slots it had when last ready (else those of its source's other hosts; else its price is unknown,
-  never its whole instance price per slot). A price look-up that fails (AccessDenied, throttling) is tried again
-  after ``PRICE_RETRY_S``, doubling up to ``price_refresh_s``, not at every ``find()``; one WARNING per kind of
-  failure, saying how to give the price by hand. A price the provider gives that is no number of dollars from 0
-  to ``sources.MAX_PRICE`` an hour (NaN, negative, 1e300) leaves that host unpriced, as an unknown price, with
-  one WARNING per host: it must not fail the merged snapshot, and with it every source's hosts.
+  :meth:`~.api.HostDiscovery.hourly_prices` (per instance-hour, AWS spot prices; read every ``price_refresh_s``
+  and for hosts no read covered) over the host's slots (a draining host's: those it had when ready, else its
+  source's other hosts'; else its price is unknown). A failed look-up (AccessDenied, throttling) is tried again
+  after ``PRICE_RETRY_S``, doubling up to ``price_refresh_s``; one WARNING per kind of failure, saying how to give
+  the price by hand. A price that is no number of dollars from 0 to ``sources.MAX_PRICE`` an hour (NaN, 1e300)
+  leaves its host unpriced (one WARNING naming the hosts new to it), never failing the merged snapshot.
 * :meth:`set_capacity` (``--manage-capacity``) goes to the source's group as its :class:`~.group_capacity.GroupCapacity`
   decides (:meth:`capacity_of`, :meth:`can_give`). AccessDenied: one WARNING, the group is left unmanaged for the
   rest of the job; other errors are retried at each later ``find()`` until a call succeeds or a newer value replaces it.
   A call its provider proves the cloud refused (``capacity_refused``: no attempt landed) is not the job's (taken back
   out of the sign of life, :meth:`on_raise`); one it cannot prove refused may have landed and stays the job's.
-* **One provider call per source at a time**, whichever thread makes it: :meth:`wait_for` waits for any of them
-  (find, set_capacity, release, hourly_prices) to end. The one exception: a find() does not wait for a call that
-  another thread (the driver's, at the job's end) began; its answer is then one read just before or after that
-  call, not a wrong one (a DesiredCapacity read before a raise landed only has the raise sent again).
+* **One provider call per source at a time**, whichever thread makes it: :meth:`wait_for` waits for any to end.
 """
 
 from __future__ import annotations
@@ -48,7 +45,9 @@ from __future__ import annotations
 import logging
 import math
 import re
+import threading
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Callable, Mapping, Sequence
@@ -59,15 +58,13 @@ from cloud_elastic.errors import (CapacityDeniedError, CapacityError, DiscoveryE
 from cloud_elastic.providers.api import DiscoveredHosts, HostDiscovery, cancel_find, lets_go
 from cloud_elastic.providers.group_capacity import REASK_UNKNOWN_S, REFUSALS_TO_SPILL, SHORT_FOR_S, GroupCapacity, Room
 from cloud_elastic.providers.sidecalls import Caller, SideCalls
-from cloud_elastic.providers.sources import MAX_PRICE, SourceSpec
+from cloud_elastic.providers.sources import PRICE_RETRY_S, SourcePrices, SourceSpec, check_fallback_flags, is_price
 
 __all__ = ["MultiSourceDiscovery", "SourceState", "Caller", "call_limit_s", "check_job_flags", "PRICE_RETRY_S",
            "MERGE_MARGIN_S", "UNHEARD_HOLD_S", "REASK_UNKNOWN_S", "REFUSALS_TO_SPILL", "SHORT_FOR_S"]
 
 log = logging.getLogger(__name__)
 
-#: A failed price look-up is tried again after this long, then twice as long each time, up to the refresh interval.
-PRICE_RETRY_S = 30.0
 #: The merged call is waited for this much longer than its slowest source (the poller's limit never fires first).
 MERGE_MARGIN_S = 5.0
 #: A fallback raise waits at most this long for a source that has never answered (three calls at the default
@@ -75,6 +72,7 @@ MERGE_MARGIN_S = 5.0
 UNHEARD_HOLD_S = 90.0
 #: At close, releases put off beside the job's last calls wait this long for them (no find() comes after).
 RELEASE_AT_CLOSE_S = 10.0
+_TAKE_S = 5.0  # a side call that has ended puts its answer just after: waited for this long at most
 
 def call_limit_s(discovery: HostDiscovery, timeout_s: float) -> float:
     """How long one find() of ``discovery`` is waited for under ``--discovery-timeout`` ``timeout_s``: never less,
@@ -93,7 +91,7 @@ def call_limit_s(discovery: HostDiscovery, timeout_s: float) -> float:
     return max(timeout_s, min(own, MAX_DURATION_S)) if math.isfinite(own) else timeout_s
 
 
-def _outcome(find: Callable[[], DiscoveredHosts]) -> DiscoveredHosts | Exception:
+def _outcome(find: Callable[[], object]) -> object:
     try:
         return find()
     except Exception as exc:  # handed to the waiting find(), which counts it against this source only
@@ -109,15 +107,8 @@ class SourceState:
     last: DiscoveredHosts | None = None
     failing_since: float | None = None
     error: str = ""
-    #: host -> dollars per instance-hour from the provider, and when they were read.
-    hourly: Mapping[str, float] = field(default_factory=dict)
-    priced_at: float = float("-inf")
-    #: After a failed look-up: when to try again, the wait before the one after, the kinds already warned of.
-    price_retry_at: float | None = None
-    price_backoff_s: float = 0.0
-    price_warned: set[str] = field(default_factory=set)
-    #: Hosts the provider gave a price that is no price (:func:`_a_price`), already warned of.
-    unpriced: set[str] = field(default_factory=set)
+    #: What its provider said its hosts cost, and when to ask again (``price_refresh_s``: set by the multi).
+    prices: SourcePrices = field(default_factory=SourcePrices)
     #: Host -> its slots when last reported ready (a draining host's price per slot divides by them).
     slots: dict[str, int] = field(default_factory=dict)
     #: Whether any call of it has ended (only an error at its first call can be fatal to the job).
@@ -131,12 +122,25 @@ class SourceState:
     releases: list[tuple[str, str | None]] = field(default_factory=list)
     #: Its provider calls on other threads than its find()'s (set_capacity, release, hourly_prices).
     calls: SideCalls = field(default_factory=SideCalls)
+    #: Its price reads and capacity changes, on a thread of their own (:meth:`MultiSourceDiscovery._side`).
+    side: Caller = field(init=False)
+    side_lock: threading.Lock = field(default_factory=threading.Lock)
+    side_call: Callable[[], object] | None = None
+    side_done: Callable[[object], None] | None = None
+    side_what: str = ""
+    side_at: float = 0.0
+    asks: int = 0  # the job's capacity values so far (one asked during a call outlives that call's answer)
     #: Its group's capacity as --manage-capacity sets it: what to send, who set it, what it can give.
     group: GroupCapacity = field(init=False)
 
     def __post_init__(self) -> None:
         self.caller = Caller(partial(_outcome, self.discovery.find), name=f"discovery-{self.spec.name}")
+        self.side = Caller(partial(_outcome, self._side_call), name=f"calls-{self.spec.name}")
         self.group = GroupCapacity(self.spec.name)
+
+    def _side_call(self) -> object:  # boxed: set_capacity's None is an answer too
+        call, self.side_call = self.side_call, None
+        return (call() if call is not None else None,)
 
     def wait_ended(self, timeout_s: float) -> bool:
         """Wait up to ``timeout_s`` for every provider call under way, its find() included; whether none runs."""
@@ -163,7 +167,8 @@ class MultiSourceDiscovery(HostDiscovery):
         if len(self._by_name) != len(self.sources):
             raise ValueError("source names must be unique")
         self.stale_limit_s = stale_limit_s
-        self.price_refresh_s = price_refresh_s
+        for state in self.sources:
+            state.prices.refresh_s = price_refresh_s
         #: Each source's call is waited for this long at most (:func:`call_limit_s`); the poller sets it.
         self.call_timeout_s = call_timeout_s
         self._clock = clock
@@ -201,19 +206,24 @@ class MultiSourceDiscovery(HostDiscovery):
     # ------------------------------------------------------------------ find
     def find(self) -> DiscoveredHosts:
         now, heard_now = self._clock(), False  # heard_now: a source that failed from the start answers at last
-        fatal: list[str] = []
+        began, fatal = time.monotonic(), []
         for source in self.sources:  # all asked at once: a source that hangs holds none of the others up
+            self._take_side(source, 0.0)  # what a price read or capacity change ended with since: taken first
             if not source.caller.busy:
                 self._release_held(source)
-                source.asked_at = time.monotonic()
-                source.caller.ask()
+                with source.side_lock:  # no find() beside another call of it (one call at a time)
+                    if not source.side.busy and not source.calls.count:
+                        source.asked_at = time.monotonic()
+                        source.caller.ask()
         for source in self.sources:
             limit = call_limit_s(source.discovery, self.call_timeout_s)
+            if not source.caller.busy:  # not asked: a price read or capacity change of it runs
+                if source.side.busy and time.monotonic() - source.side_at > limit:
+                    self._failed(source, self._late(f"its {source.side_what} gave no", limit), now, fatal)
+                continue
             snapshot = source.caller.answer(source.asked_at + limit - time.monotonic())
             if snapshot is None:
-                self._failed(source, RetryableDiscoveryError(
-                    f"no answer within {limit:g}s (--discovery-timeout {self.call_timeout_s:g}s); no other call to "
-                    "it starts until that one ends"), now, fatal)
+                self._failed(source, self._late("no", limit), now, fatal)
                 continue
             if isinstance(snapshot, Exception):
                 if not isinstance(snapshot, DiscoveryError):  # a provider bug: a failure of this source only
@@ -236,9 +246,13 @@ class MultiSourceDiscovery(HostDiscovery):
             except Exception:  # noqa: BLE001 (no bound known: the job asks as if it had none)
                 limits = None
             source.group.seen(now, source.shown(), limits)
-            self._refresh_prices(source, snapshot, now)
+            self._refresh_prices(source, snapshot, now)  # begun now, on the source's side thread
         for source in self.sources:  # once every answer is in: a fallback's raise sees what the others answered
-            self._apply_capacity(source, held=heard_now)
+            # A source asked now is waited for up to its own limit, its side calls included; no other one.
+            deadline = source.asked_at + call_limit_s(source.discovery, self.call_timeout_s) \
+                if source.asked_at >= began else 0.0
+            self._take_side(source, deadline - time.monotonic())
+            self._apply_capacity(source, held=heard_now, wait_s=deadline - time.monotonic())
         if fatal:
             raise FatalDiscoveryError("; ".join(fatal))
         usable = [s for s in self.sources if s.last is not None and
@@ -247,6 +261,10 @@ class MultiSourceDiscovery(HostDiscovery):
             raise RetryableDiscoveryError("every host source failed: " +
                                           "; ".join(f"{s.spec.name}: {s.error}" for s in self.sources))
         return self._merge(usable)
+
+    def _late(self, what: str, limit: float) -> RetryableDiscoveryError:
+        return RetryableDiscoveryError(f"{what} answer within {limit:g}s (--discovery-timeout {self.call_timeout_s:g}s)"
+                                       "; no other call to it starts until that one ends")
 
     def _failed(self, source: SourceState, exc: DiscoveryError, now: float, fatal: list[str]) -> None:
         message = f"host source {source.spec.name!r}: {exc}"
@@ -301,52 +319,81 @@ class MultiSourceDiscovery(HostDiscovery):
         if source.spec.price is not None:
             return source.spec.price
         if host in snap.prices:
-            return snap.prices[host] if _a_price(snap.prices[host]) else None
-        hourly = source.hourly.get(host)
-        if hourly is None or not _a_price(hourly):
+            return snap.prices[host] if is_price(snap.prices[host]) else None
+        hourly = source.prices.hourly.get(host)
+        if hourly is None or not is_price(hourly):
             return None
         # A draining host's slots are no longer reported: those it had, else its group's (its hosts are alike).
         slots = snap.ready.get(host) or source.slots.get(host) or max(source.slots.values(), default=0)
         return hourly / slots if slots else None
 
     def _refresh_prices(self, source: SourceState, snapshot: DiscoveredHosts, now: float) -> None:
-        if source.spec.price is not None:
-            return
-        if source.price_retry_at is not None:
-            if now < source.price_retry_at:
-                return  # the last look-up failed: not again at every find()
-        else:
-            unknown = (set(snapshot.ready) | set(snapshot.draining)) - set(source.hourly)
-            if now - source.priced_at < self.price_refresh_s and not unknown:
-                return
-        try:
-            with source.calls.start(lambda: not source.caller.busy) as started:
-                hourly = source.discovery.hourly_prices(snapshot) if started else None
-        except DiscoveryError as exc:
-            source.price_backoff_s = min(max(2 * source.price_backoff_s, PRICE_RETRY_S), self.price_refresh_s)
-            source.price_retry_at = now + source.price_backoff_s
-            kind = _failure_kind(exc)
-            if kind not in source.price_warned:
-                source.price_warned.add(kind)
+        hosts = frozenset(snapshot.ready) | frozenset(snapshot.draining)
+        if source.spec.price is None and source.prices.due(hosts, now):
+            self._side(source, "price read (hourly_prices)", partial(source.discovery.hourly_prices, snapshot),
+                       partial(self._priced, source, now, hosts), 0.0)
+
+    def _priced(self, source: SourceState, asked: float, hosts: frozenset[str], outcome: object) -> None:
+        """The outcome of a price read begun at ``asked`` (the clock's) for ``hosts``: prices, or a failure."""
+        name, prices = source.spec.name, source.prices
+        if isinstance(outcome, Exception):
+            if prices.failed(_failure_kind(outcome), self._clock()):
                 log.warning("host source %r: could not read prices (the cost shown leaves its hosts out; tried "
                             "again after %gs, then less often): %s; to give the price by hand: --source %s:price=D "
-                            "(dollars per slot-hour)", source.spec.name, source.price_backoff_s, exc, source.spec.name)
+                            "(dollars per slot-hour)", name, prices.backoff_s, outcome, name)
             return
-        if hourly is None:
-            return  # another thread's call to it runs (one at a time): read at the next find()
-        source.priced_at, source.hourly = now, dict(hourly)
-        wrong = {host: price for host, price in source.hourly.items() if not _a_price(price)}
-        fresh = sorted(set(wrong) - source.unpriced)
-        if fresh:  # kept in ``hourly`` (as known, so not looked up again at every find), read as no price
+        wrong, recovered = prices.took(outcome, asked, hosts)  # type: ignore[arg-type]
+        if wrong:
             log.warning("host source %r: its provider gave %d host(s) a price that is no price (%s): their cost is "
                         "left out, as an unknown price; to give the price by hand: --source %s:price=D (dollars per "
-                        "slot-hour)", source.spec.name, len(fresh), ", ".join(f"{h} {wrong[h]!r}" for h in fresh[:3])
-                        + (", ..." if len(fresh) > 3 else ""), source.spec.name)
-        source.unpriced = set(wrong)
-        if source.price_retry_at is not None:
-            log.info("host source %r: prices read again", source.spec.name)
-        source.price_retry_at, source.price_backoff_s = None, 0.0
-        source.price_warned.clear()
+                        "slot-hour)", name, len(wrong), ", ".join(f"{h} {prices.hourly[h]!r}" for h in wrong[:3])
+                        + (", ..." if len(wrong) > 3 else ""), name)
+        if recovered:
+            log.info("host source %r: prices read again", name)
+
+    # ------------------------------------------------------------ side calls
+    def _side(self, source: SourceState, what: str, call: Callable[[], object], done: Callable[[object], None],
+              wait_s: float, before: Callable[[], None] | None = None) -> bool:
+        """Start ``call`` (``what``) on ``source``'s side thread if no other call of it runs, ``before`` it on this
+        thread, and wait up to ``wait_s``; its outcome (value or exception) goes to ``done`` when taken, now or at a
+        later :meth:`_take_side`, on whichever thread. Whether it started (if not, the caller keeps its work)."""
+        with source.side_lock:
+            self._took(source)
+            if source.side.busy:
+                return False
+            count = ExitStack()  # counted among its calls until it ends, on the side thread
+            if not count.enter_context(source.calls.start(lambda: not source.caller.running)):
+                count.close()
+                return False
+            if before is not None:
+                before()
+
+            def counted() -> object:
+                with count:
+                    return call()
+
+            source.side_call, source.side_done, source.side_what, source.side_at = counted, done, what, time.monotonic()
+            source.side.ask()
+        self._take_side(source, wait_s)
+        return True
+
+    def _take_side(self, source: SourceState, wait_s: float) -> bool:
+        """Wait up to ``wait_s`` for ``source``'s side call, take its outcome if it ended; whether none is under way."""
+        if wait_s > 0 and source.side.busy:
+            source.side.wait_ended(wait_s)
+        with source.side_lock:
+            self._took(source)
+            return not source.side.busy
+
+    def _took(self, source: SourceState) -> None:
+        """Hand the outcome of ``source``'s side call to its ``done``, if the call has ended (the side lock held)."""
+        outcome = source.side.answer(_TAKE_S) if source.side.busy and not source.side.running else None
+        if outcome is not None and source.side_done is not None:
+            done, source.side_done = source.side_done, None
+            try:
+                done(outcome[0] if isinstance(outcome, tuple) else outcome)
+            except Exception:  # a plugin's odd answer (prices not a mapping): that call's outcome only is lost
+                log.exception("host source %r: the answer of its %s is no answer", source.spec.name, source.side_what)
 
     # -------------------------------------------------------------- capacity
     def set_capacity(self, hosts: int, *, source: str | None = None) -> None:
@@ -356,11 +403,12 @@ class MultiSourceDiscovery(HostDiscovery):
             log.warning("--manage-capacity: no host source named %r", source)
             return
         target.group.ask(hosts)
-        self._apply_capacity(target)
+        target.asks += 1
+        self._apply_capacity(target, wait_s=call_limit_s(target.discovery, self.call_timeout_s))
 
-    def _apply_capacity(self, source: SourceState, *, held: bool = False) -> None:
+    def _apply_capacity(self, source: SourceState, *, held: bool = False, wait_s: float = 0.0) -> None:
         group = source.group
-        if group.asked is None or source.caller.running or source.calls.count:
+        if group.asked is None or not self._take_side(source, 0.0) or source.caller.running or source.calls.count:
             return  # kept pending until its call under way has ended (one call at a time)
         if source.spec.fallback and group.asked > (group.value or 0) and (held or self._unheard(source)):
             return  # kept pending: asked again at every discovery (held: until the job saw the answer)
@@ -368,45 +416,51 @@ class MultiSourceDiscovery(HostDiscovery):
         asked, hosts = group.asked, group.decide(self._clock(), limits)
         if asked is None or hosts is None:  # nothing to send (it would not change the group)
             return
-        try:
-            with source.calls.start(lambda: not source.caller.running) as started:
-                if started:
-                    group.started(hosts)  # the job's from here on: the sign of life says so before it is sent
-                    if hosts > 0 and self._on_raise is not None:
-                        self._before_raise(source.spec.name, hosts)
-                    try:
-                        source.discovery.set_capacity(hosts, source=source.spec.name)
-                    finally:  # ended, whatever its outcome: capacity_of no longer counts it as under way
-                        group.sending = None
-        except CapacityDeniedError as exc:
-            group.denied(proven=self._proven_refused(source, exc))
+
+        def before() -> None:
+            group.started(hosts)  # the job's from here on: the sign of life says so before it is sent
+            if hosts > 0 and self._on_raise is not None:
+                self._before_raise(source.spec.name, hosts)
+
+        self._side(source, "capacity change (set_capacity)",
+                   partial(source.discovery.set_capacity, hosts, source=source.spec.name),
+                   partial(self._capacity_set, source, asked, hosts, limits, source.asks), wait_s, before)
+
+    def _capacity_set(self, source: SourceState, asked: int, hosts: int, limits: tuple | None, asks: int,
+                      outcome: object) -> None:
+        """The outcome of the call setting ``source``'s group to ``hosts`` (``asked`` within ``limits``; ``asks``: the
+        job's values counted then): a newer value asked meanwhile stays to be sent."""
+        group = source.group
+        group.sending = None  # ended: capacity_of no longer counts it as under way
+        newer = group.asked if source.asks != asks else None
+        if isinstance(outcome, CapacityDeniedError):
+            group.denied(proven=self._proven_refused(source, outcome))
             self._undo_raise(source, hosts)
             log.warning("--manage-capacity: the job may not change host source %r (%s); it goes on without "
-                        "managing the group: set its desired capacity yourself", source.spec.name, exc)
+                        "managing the group: set its desired capacity yourself", source.spec.name, outcome)
             return
-        except CapacityError as exc:
-            group.refused(proven=self._proven_refused(source, exc))
+        if isinstance(outcome, Exception):  # a plugin's other error too: the group keeps what it had
+            group.refused(proven=isinstance(outcome, CapacityError) and self._proven_refused(source, outcome))
             self._undo_raise(source, hosts)
             log.warning("--manage-capacity: could not set the desired capacity of host source %r to %d (%s); "
-                        "retrying at the next discovery", source.spec.name, hosts, exc)
+                        "retrying at the next discovery", source.spec.name, hosts, outcome)
             return
-        if started:  # else another thread's call to it started first: kept pending
-            group.taken(asked, hosts, self._clock(), limits)
-            log.info("--manage-capacity: host source %r: desired capacity set to %d", source.spec.name, hosts)
+        group.taken(asked, hosts, self._clock(), limits)
+        if newer is not None:
+            group.asked = newer
+        log.info("--manage-capacity: host source %r: desired capacity set to %d", source.spec.name, hosts)
 
     def on_raise(self, callback: Callable[[str, int], object] | None,
                  undo: Callable[[str, int], object] | None = None) -> None:
-        """Call ``callback(source, hosts)`` before each call that sets a group to ``hosts`` > 0, on the thread that
-        makes it, which waits for it (the driver records the raise in its sign of life first: a driver killed during
-        the call leaves the group to the one restarted for the job); ``undo(source, hosts)`` once its provider
-        proves the cloud refused that call, no attempt of it landed (``HostDiscovery.capacity_refused``), on a group
-        the job had not set before it (the record is taken back; one the job had set stays the job's). A callback
-        that raises is logged; the call goes on."""
+        """Call ``callback(source, hosts)`` before each call setting a group to ``hosts`` > 0, on the thread asking
+        it, which waits (the driver records the raise in its sign of life first: a driver killed during the call
+        leaves the group to its successor); ``undo(source, hosts)`` once its provider proves the cloud refused it (no
+        attempt landed: ``HostDiscovery.capacity_refused``) on a group the job had not set (the record is taken
+        back). A callback that raises is logged; the call goes on."""
         self._on_raise, self._on_undo = callback, undo
 
     def _proven_refused(self, source: SourceState, exc: CapacityError) -> bool:
-        """Whether ``source``'s provider proves the cloud refused the call (no attempt landed). A provider that
-        cannot tell, or fails to: no."""
+        """Whether ``source``'s provider proves the cloud refused the call (no attempt landed); unsure: no."""
         try:
             proven = getattr(source.discovery, "capacity_refused", None)
             return proven is not None and proven(exc) is True
@@ -464,9 +518,8 @@ class MultiSourceDiscovery(HostDiscovery):
         return None if state is None else state.group.room(self._clock())
 
     def wait_for(self, source: str, timeout_s: float) -> bool:
-        """Wait up to ``timeout_s`` for every call to ``source`` under way, if any, to end (its find(), or its
-        set_capacity() on the discovery thread: its group may be set then, whatever the other sources' calls
-        do); whether they ended."""
+        """Wait up to ``timeout_s`` for every call to ``source`` under way to end (its group may be set then, whatever
+        the other sources' calls do); whether they ended."""
         state = self._by_name.get(source)
         return state is None or state.wait_ended(timeout_s)
 
@@ -483,9 +536,8 @@ class MultiSourceDiscovery(HostDiscovery):
                 owner.releases.append((host, instance))
 
     def releases(self, host: str) -> bool:
-        """Whether ``host``'s source lets it go, and :meth:`release` did now: one put off (its source busy with a
-        call given up on) is said by :meth:`_release_held` when it is made, not by the poller as well (the line
-        came twice, the first before anything was let go)."""
+        """Whether ``host``'s source lets it go, and :meth:`release` did now: one put off (its source busy) is said by
+        :meth:`_release_held` when made, not by the poller too (the line came twice, the first before it was)."""
         owner = self._owner(host)
         return owner is not None and host not in self._put_off and lets_go(owner.discovery, host)
 
@@ -520,7 +572,9 @@ class MultiSourceDiscovery(HostDiscovery):
             for host, _ in source.releases:
                 log.warning("could not release drained host %s to the cloud as the job ended: a call to host source "
                             "%r still ran; it waits out the cloud's own timeout", host, source.spec.name)
+            self._take_side(source, 0.0)  # a capacity change ended since: its line, its group's state
             source.caller.close()
+            source.side.close()
             try:
                 source.discovery.close()
             except Exception:  # closing is best effort
@@ -541,21 +595,5 @@ def _failure_kind(exc: Exception) -> str:
 
 def check_job_flags(discovery: HostDiscovery, *, manage_capacity: bool, fallback_after_s: float | None) -> None:
     """ConfigError for ``--manage-capacity`` / ``--fallback-after`` on a job that cannot use them (before it starts)."""
-    from cloud_elastic.errors import ConfigError
-
-    specs = discovery.specs if isinstance(discovery, MultiSourceDiscovery) else ()
-    fallbacks = [s for s in specs if s.fallback]
-    for flag, given in (("--manage-capacity", manage_capacity), ("--fallback-after", fallback_after_s is not None)):
-        if given and not fallbacks:
-            raise ConfigError(f"{flag} needs a fallback host source: mark one with --source NAME:fallback")
-    states = discovery.sources if isinstance(discovery, MultiSourceDiscovery) else []
-    if manage_capacity:
-        for source in states:
-            if source.spec.fallback and not source.discovery.can_set_capacity:
-                raise ConfigError(f"--manage-capacity: host source {source.spec.name!r} ({source.spec.provider}) "
-                                  "cannot set a group's desired capacity (AWS, GCP and Azure groups can)")
-
-
-def _a_price(value: object) -> bool:
-    """Whether a provider's price is a number of dollars an hour the cost can count: 0 to ``MAX_PRICE``."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= MAX_PRICE
+    check_fallback_flags(discovery.sources if isinstance(discovery, MultiSourceDiscovery) else (),
+                         manage_capacity=manage_capacity, fallback_after_s=fallback_after_s)

@@ -18,29 +18,57 @@ different regions. Pure: no I/O, nothing imported that does any.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Mapping, Sequence
 
 from cloud_elastic.errors import ConfigError
 
-__all__ = ["SourceSpec", "SourceFlag", "parse_source_flag", "check_unique", "SOURCE_KEYS", "MAX_PRICE"]
+__all__ = ["SourceSpec", "SourceFlag", "SourcePrices", "parse_source_flag", "parse_price", "check_price", "is_price",
+           "check_unique", "check_fallback_flags", "SOURCE_KEYS", "MAX_PRICE", "PRICE_RETRY_S"]
 
 #: Keys of ``--source`` that describe the source itself; any other key is an option of its provider.
 SOURCE_KEYS = ("priority", "price", "on_demand_price", "fallback")
 #: The highest price accepted, per slot-hour (dollars): beyond it a value is a typo (cents for dollars, say).
 MAX_PRICE = 10_000.0
+#: A failed price look-up is tried again after this long, then twice as long each time, up to the refresh interval.
+PRICE_RETRY_S = 30.0
 
 
-def check_price(what: str, value: float) -> float:
-    """``value`` if it is a finite price >= 0 and at most :data:`MAX_PRICE`, else a one-line ConfigError."""
+#: A price as the command line takes it: ASCII digits with at most one point (Python's float() also takes
+#: ``1_000``, ``1e3`` and other scripts' digits, which no price list writes).
+_PLAIN = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)")
+
+
+def check_price(what: str, value: float, given: str | None = None) -> float:
+    """``value`` if it is a finite price >= 0 and at most :data:`MAX_PRICE`, else a one-line ConfigError that quotes
+    it as ``given`` (the text it was read from) where there is one."""
     if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
         raise ConfigError(f"{what} must be a finite number of dollars, got {value!r}")
+    shown = given if given is not None else repr(value)  # :g showed 10000.000001 as 10000
     if value < 0:
-        raise ConfigError(f"{what} must be >= 0 dollars, got {value:g}")
+        raise ConfigError(f"{what} must be >= 0 dollars, got {shown}")
     if value > MAX_PRICE:
-        raise ConfigError(f"{what} must be at most {MAX_PRICE:g} dollars, got {value:g}")
+        raise ConfigError(f"{what} must be at most {MAX_PRICE:g} dollars, got {shown}")
     return float(value)
+
+
+def is_price(value: object) -> bool:
+    """Whether a provider's price is a number of dollars an hour the cost can count: 0 to :data:`MAX_PRICE`."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= MAX_PRICE
+
+
+def parse_price(what: str, text: str) -> float:
+    """The price ``text`` gives (a plain decimal number of dollars, :data:`_PLAIN`), checked as :func:`check_price`
+    does; else a one-line ConfigError."""
+    given = text.strip()
+    if _PLAIN.fullmatch(given):
+        return check_price(what, float(given), given)
+    if given.lower().lstrip("+-") in ("nan", "inf", "infinity"):
+        raise ConfigError(f"{what} must be a finite number of dollars, got {text!r}")
+    raise ConfigError(f"{what} must be a number of dollars in digits 0-9 with at most one point (such as 0.9), "
+                      f"got {text!r}")
 
 
 @dataclass(frozen=True)
@@ -71,6 +99,47 @@ class SourceSpec:
         if self.on_demand_price is not None:
             check_price(f"source {self.name!r}: on_demand_price", self.on_demand_price)
         object.__setattr__(self, "options", MappingProxyType(dict(self.options)))
+
+
+@dataclass
+class SourcePrices:
+    """What a source's provider said its hosts cost (``HostDiscovery.hourly_prices``: host -> dollars per
+    instance-hour), and when to ask again: every ``refresh_s``, and for hosts no read covered (a host it gave no
+    price is not asked again before the refresh); after a failed read, :data:`PRICE_RETRY_S` later, doubling up to
+    ``refresh_s``. Pure: its caller makes the reads and says what each method returns."""
+
+    refresh_s: float = 300.0
+    hourly: Mapping[str, float] = field(default_factory=dict)
+    read_at: float = float("-inf")
+    hosts: frozenset[str] = frozenset()  # the hosts the last good read covered
+    retry_at: float | None = None  # after a failed read: when to try again, and the wait before the one after
+    backoff_s: float = 0.0
+    warned: set[str] = field(default_factory=set)  # kinds of failure said since the last good read
+    wrong: set[str] = field(default_factory=set)  # hosts given a price that is no price (:func:`is_price`)
+
+    def due(self, hosts: frozenset[str], now: float) -> bool:
+        """Whether to read the prices of ``hosts`` (a snapshot's) at ``now``."""
+        if self.retry_at is not None:
+            return now >= self.retry_at
+        return now - self.read_at >= self.refresh_s or not hosts <= self.hosts
+
+    def failed(self, kind: str, now: float) -> bool:
+        """A read failed with an error of ``kind`` at ``now``; whether that kind is new (to be said)."""
+        self.backoff_s = min(max(2 * self.backoff_s, PRICE_RETRY_S), self.refresh_s)
+        self.retry_at = now + self.backoff_s
+        new = kind not in self.warned
+        self.warned.add(kind)
+        return new
+
+    def took(self, hourly: Mapping[str, float], read_at: float, hosts: frozenset[str]) -> tuple[list[str], bool]:
+        """A read begun at ``read_at`` for ``hosts`` gave ``hourly``: (the hosts newly given a price that is no
+        price, kept as known and read as none; whether it follows failed ones)."""
+        self.hourly, self.read_at, self.hosts = dict(hourly), read_at, hosts
+        wrong = {host for host, price in self.hourly.items() if not is_price(price)}
+        fresh, self.wrong = sorted(wrong - self.wrong), wrong
+        recovered, self.retry_at, self.backoff_s = self.retry_at is not None, None, 0.0
+        self.warned.clear()
+        return fresh, recovered
 
 
 @dataclass(frozen=True)
@@ -121,11 +190,7 @@ def parse_source_flag(text: str, names: Sequence[str] = ()) -> SourceFlag:
             except ValueError:
                 raise ConfigError(f"--source {text!r}: priority must be an integer, got {value!r}") from None
         elif key in ("price", "on_demand_price"):
-            try:
-                number = float(value)
-            except ValueError:
-                raise ConfigError(f"--source {text!r}: {key} must be a number of dollars, got {value!r}") from None
-            values[key] = check_price(f"--source {name}: {key}", number)
+            values[key] = parse_price(f"--source {name}: {key}", value)
         elif key == "fallback":
             values[key] = parse_bool("fallback", value)
         else:
@@ -141,3 +206,16 @@ def check_unique(names: Sequence[tuple[str, str]]) -> None:
             raise ConfigError(f"two host sources are named {name!r} ({seen[name]} and {flag}): each group may be "
                               "given once, and sources of different clouds need different group names")
         seen[name] = flag
+
+
+def check_fallback_flags(sources: Sequence, *, manage_capacity: bool, fallback_after_s: float | None) -> None:
+    """ConfigError for ``--manage-capacity`` / ``--fallback-after`` on a job that cannot use them (before it starts);
+    ``sources``: a multi-source provider's (each with its ``spec`` and ``discovery``), none for one source."""
+    fallbacks = [s for s in sources if s.spec.fallback]
+    for flag, given in (("--manage-capacity", manage_capacity), ("--fallback-after", fallback_after_s is not None)):
+        if given and not fallbacks:
+            raise ConfigError(f"{flag} needs a fallback host source: mark one with --source NAME:fallback")
+    for source in fallbacks if manage_capacity else ():
+        if not source.discovery.can_set_capacity:
+            raise ConfigError(f"--manage-capacity: host source {source.spec.name!r} ({source.spec.provider}) "
+                              "cannot set a group's desired capacity (AWS, GCP and Azure groups can)")

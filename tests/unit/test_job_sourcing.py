@@ -74,10 +74,14 @@ def test_the_fallback_is_wanted_below_min_np_at_once_and_below_np_only_after_fal
 class Sourced(Sim):
     """The test_job simulator, with several sources and the capacity actions collected."""
 
-    def __init__(self, np: int, **kwargs) -> None:
+    def __init__(self, np: int, host_slots: int = 1, **kwargs) -> None:
         self.capacity: list[SetCapacity] = []
         kwargs.setdefault("sources", (SPOT_A, SPOT_B, OD))
         super().__init__(np, **kwargs)
+        # The fallback groups' hosts have shown ``host_slots`` slots each before (0: none seen, and a group is then
+        # raised by one host at a time: tests/unit/test_fallback_host_slots.py).
+        if host_slots:
+            self.job.capacity.sourcing.host_slots.update({s.name: host_slots for s in kwargs["sources"] if s.fallback})
 
     def _collect(self) -> None:
         for kind, fields in self.job.take_events():
@@ -403,12 +407,13 @@ def test_a_meter_carried_from_a_crashed_driver_goes_on_from_its_figures():
     assert meter.so_far() == CostSoFar(s.dollars, s.slot_hours, 1.5, (("od", 10.0), ("spot-a", 2.0)))
 
 
-def test_a_source_with_no_known_price_that_an_older_driver_reported_at_0_is_not_carried_as_0():
-    """Review of afa41de: a predecessor from before it listed an unpriced source in by_source at $0, and the
-    restarted driver kept showing it so for the rest of the job."""
+def test_a_source_priced_at_0_is_carried_at_0():
+    """A source with no known price is never in by_source (above): a $0 entry is a source priced at 0, listed as
+    such by the driver that metered it and by the one restarted after it (review h14; a predecessor from before
+    afa41de listed unpriced sources at $0 too: those are listed at $0 now)."""
     meter = CostMeter()
-    meter.carry(CostSoFar(3.0, 2.0, 0.0, (("od", 3.0), ("spot", 0.0))))
-    assert meter.summary().by_source == pytest.approx({"od": 3.0})
+    meter.carry(CostSoFar(3.0, 2.0, 0.0, (("od", 3.0), ("free", 0.0))))
+    assert meter.summary().by_source == pytest.approx({"od": 3.0, "free": 0.0})
 
 
 def test_a_job_that_carried_its_predecessors_cost_reports_the_sum_in_events_status_and_its_end_line():

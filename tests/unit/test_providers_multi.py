@@ -108,6 +108,13 @@ def test_one_group_alone_is_one_provider_as_before():
     (["--aws-asg", "a", "--aws-asg", "b", "--source", "b:price=-1"], "price must be >= 0 dollars, got -1"),
     (["--aws-asg", "a", "--aws-asg", "b", "--source", "b:price=nan"], "must be a finite number of dollars"),
     (["--aws-asg", "a", "--aws-asg", "b", "--source", "b:price=lots"], "price must be a number of dollars"),
+    # review h14: the value as given (":g" showed "got 10000"), and only ASCII decimals (float() takes the others)
+    (["--aws-asg", "a", "--aws-asg", "b", "--source", "b:price=10000.000001"],
+     "price must be at most 10000 dollars, got 10000.000001"),
+    (["--aws-asg", "a", "--aws-asg", "b", "--source", "b:price=1_000"],
+     "price must be a number of dollars in digits 0-9 with at most one point (such as 0.9), got '1_000'"),
+    (["--aws-asg", "a", "--aws-asg", "b", "--source", "b:on_demand_price=\u0661"],
+     "on_demand_price must be a number of dollars in digits 0-9 with at most one point (such as 0.9), got '\u0661'"),
     (["--aws-asg", "a", "--aws-asg", "b", "--source", "c:fallback"], "no host source is named 'c' (sources: a, b)"),
     (["--aws-asg", "a", "--aws-asg", "b", "--source", "a:fallback", "--source", "b:fallback"],
      "every host source is marked fallback"),
@@ -635,3 +642,96 @@ def test_a_release_put_off_beside_the_jobs_last_calls_is_made_at_close():
     lowering.join(10)
     multi.close()
     assert od.released == ["o1"]
+
+
+def test_a_price_read_that_hangs_holds_no_source_up_beyond_its_call_limit_and_its_prices_come_later(caplog):
+    """Review h14 s9: hourly_prices ran on the discovery thread with no limit: a price read delayed 30 s held every
+    source's find() (64 s each with --discovery-timeout 10). It runs on its source's side thread: find() waits for
+    it up to that source's limit (0.5 s here), once; later ones keep the source's last snapshot and prices, and go on
+    at once with the others'; past the limit the source counts as failing, as one whose find() hangs."""
+    go = threading.Event()
+
+    class SlowPrices(Scripted):
+        finds = 0
+
+        def find(self):
+            self.finds += 1
+            return super().find()
+
+        def hourly_prices(self, snapshot):
+            go.wait(10)
+            return super().hourly_prices(snapshot)
+
+    spot = SlowPrices(DiscoveredHosts(ready={"s1": 2}), hourly={"s1": 3.0})
+    od = Scripted(DiscoveredHosts(ready={"o1": 1}), DiscoveredHosts(ready={"o1": 1, "o2": 1}))
+    multi = MultiSourceDiscovery([(spec("spot"), spot), (spec("od", fallback=True, price=1.0), od)],
+                                 call_timeout_s=0.5)
+    try:
+        started = time.monotonic()
+        first = multi.find()
+        assert time.monotonic() - started < 2.0 and dict(first.prices) == {"o1": 1.0}  # the limit, not 10 s
+        with caplog.at_level(logging.WARNING):
+            started = time.monotonic()
+            second = multi.find()
+            assert time.monotonic() - started < 0.5, "the other source waited for the price read"
+            assert set(second.ready) == {"s1", "o1", "o2"} and "s1" not in second.prices
+            time.sleep(0.5)
+            multi.find()  # the read has run past the limit: the source fails (its hosts kept)
+        warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert len(warnings) == 1 and "host source 'spot': its price read (hourly_prices) gave no answer within " \
+            "0.5s" in warnings[0], warnings
+        assert spot.finds == 1  # no find() of it beside its price read
+        go.set()
+        assert multi.wait_for("spot", 5)
+        assert multi.find().prices == {"s1": 1.5, "o1": 1.0, "o2": 1.0}
+        assert spot.price_calls == 1 and spot.finds == 2
+    finally:
+        go.set()
+        multi.close()
+
+
+def test_a_capacity_call_that_hangs_is_waited_for_up_to_its_sources_limit_and_taken_later():
+    """Review h14 s10: set_capacity ran on the discovery thread with no limit. A raise whose call hangs holds the
+    caller up to the source's call limit; discovery goes on meanwhile, the raise counted as under way, and its answer
+    is taken at a later call."""
+    go = threading.Event()
+
+    class SlowGroup(Scripted):
+        def set_capacity(self, hosts, *, source=None):
+            go.wait(10)
+            super().set_capacity(hosts)
+
+    od = SlowGroup(DiscoveredHosts())
+    spot = Scripted(DiscoveredHosts(ready={"h1": 1}), DiscoveredHosts(ready={"h1": 1, "h2": 1}))
+    multi = MultiSourceDiscovery([(spec("spot"), spot), (spec("od", fallback=True), od)], call_timeout_s=0.5)
+    try:
+        multi.find()
+        started = time.monotonic()
+        multi.set_capacity(2, source="od")
+        assert 0.4 < time.monotonic() - started < 2.0 and multi.capacity_of("od") == 2  # under way
+        started = time.monotonic()
+        assert set(multi.find().ready) == {"h1", "h2"} and time.monotonic() - started < 0.5
+        go.set()
+        assert multi.wait_for("od", 5)
+        multi.find()
+        assert od.capacity_calls == [2] and multi.capacity_of("od") == 2 and multi.can_give("od").owned
+    finally:
+        go.set()
+        multi.close()
+
+
+def test_a_host_the_provider_gives_no_price_is_not_looked_up_again_at_every_find():
+    """Review h14 3: only the hosts priced were remembered, so a host with no price (no Spot history for its type and
+    zone) had hourly_prices called at every find(), where prices are read at most every price_refresh_s."""
+    clock = Clock()
+    spot = Scripted(DiscoveredHosts(ready={"h1": 1, "h2": 1}), hourly={"h1": 2.0})
+    multi = MultiSourceDiscovery([(spec("spot"), spot), (spec("od", fallback=True, price=1.0),
+                                                         Scripted(DiscoveredHosts()))], clock=clock,
+                                 price_refresh_s=300)
+    for _ in range(5):
+        assert multi.find().prices == {"h1": 2.0}
+        clock.now += 1
+    assert spot.price_calls == 1
+    clock.now += 300
+    multi.find()
+    assert spot.price_calls == 2

@@ -16,7 +16,8 @@ Only for a job with several sources (``Policy.sources``, see
   with less, and a job just topped up to ``--min-np`` would be drained again as soon as one preferred slot came
   back).
 * **Coming back** (:meth:`Sourcing.step`): fallback workers beyond what is wanted are
-  drained, newest first, once their replacements are ready: a ready one (at
+  drained, the least preferred first (lower priority, unknown price, then the priciest; ties newest first), once
+  their replacements are ready: a ready one (at
   rendezvous or training) leaves only while the job keeps, without it, as many ready
   workers as it will have when the usable preferred slots are all ready
   (``min(usable + wanted, --max-np)``). Until then it trains on and holds no place
@@ -33,7 +34,9 @@ Only for a job with several sources (``Policy.sources``, see
   stays holds the state (its round failed, or its successors are gone) stays instead (:meth:`Sourcing.keep_holder`).
 * **Capacity** (``--manage-capacity``): while fallback slots are wanted and a fallback group shows fewer hosts
   than its share needs, one :class:`~.actions.SetCapacity` raises its desired capacity to ``ceil(its share / slots
-  per host)`` (slots per host: its own hosts', else any host's, else 1). Shares go preferred group first
+  per host)``, slots per host being its own hosts' as last seen; before any has shown its slots, to one host (the rest
+  is sized once it shows them: another group's hosts may be of another size; the next group's share counts its
+  hosts as of one slot each). Shares go preferred group first
   (:meth:`Sourcing.fallbacks`), each keeping the hosts its workers use and giving what its provider says it can
   (:attr:`Sourcing.can_give`), the next the rest (a group that cannot give all it is asked keeps its own ask; one
   the job may not change is asked nothing). Asked again every :data:`REASK_S` while it still shows fewer, with no
@@ -63,6 +66,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections import Counter
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
@@ -188,9 +192,12 @@ class Sourcing:
         self.inherited: dict[str, int] = {}
         self._known: dict[str, tuple[str, float | None]] = {}  # host -> (source, price), kept past its departure
         self._fallbacks = [s.name for s in sorted(policy.sources, key=_cheapest_first) if s.fallback]
+        #: Fallback source -> the slots of one of its hosts, as they last showed (a raise is sized by them).
+        self.host_slots: dict[str, int] = {}
         self._held_key: tuple = ()
         self._held: Mapping[str, tuple[int, float, int]] = {}
         self._idle_slots = 0  # of the slots held, those of raised fallback hosts that no worker uses (.paid)
+        self._idle_unpriced = 0  # of them, those without a price
         self._idle = IdleWatch()  # the hosts of those slots, named once they stay so
         self._cost_at = float("-inf")  # when the last cost event was emitted
         self._cost_rate = -1.0
@@ -271,10 +278,10 @@ class Sourcing:
             self._known[host] = (source, job.hosts.prices.get(host))
 
     def _send_back(self, preferred: int) -> None:
-        """Drain the fallback workers beyond what is wanted, newest first, a ready one only once the job keeps
-        without it as many ready workers as it will have, and a holder of the training state only once a worker
-        that stays holds it too (see the module docstring); set :attr:`replacing`, and ``replaced`` on those that
-        wait only for that."""
+        """Drain the fallback workers beyond what is wanted, the dearest first (:meth:`_drain_order`), a ready one
+        only once the job keeps without it as many ready workers as it will have, and a holder of the training state
+        only once a worker that stays holds it too (see the module docstring); set :attr:`replacing`, and
+        ``replaced`` on those that wait only for that."""
         job = self._job
         whole = job.policy.whole_host_slots
         keep = self.wanted + (-self.wanted % whole if whole else 0)  # a fallback host is kept whole
@@ -286,7 +293,7 @@ class Sourcing:
                 ready += w.state in _READY
             elif w.state in _READY and job.hosts.stays(w.slot):
                 ready += 1
-        on_fallback.sort(key=lambda w: -w.seq)
+        on_fallback.sort(key=self._drain_order)
         for w in on_fallback:
             w.replaced = False
         if self._sent_away:
@@ -328,6 +335,14 @@ class Sourcing:
                 log.info("job %s: %d fallback worker(s) no longer wanted train on until their replacements from "
                          "the preferred sources are ready", job.job_id, replacing)
             self.replacing = replacing
+
+    def _drain_order(self, w: WorkerRecord) -> tuple:
+        """Fallback workers the least preferred first, as :func:`choose` ranks their slots (lower priority, then
+        unknown price, then the priciest: the dearest hours are given back first), then newest first."""
+        source, known = self._known.get(w.slot.host, ("", None))
+        spec = self.specs.get(self._job.hosts.sources.get(w.slot.host, source))
+        price = self._job.hosts.prices.get(w.slot.host, known)
+        return (0 if spec is None else spec.priority, price is not None, -(price or 0.0), -w.seq)
 
     def _last_holders(self, group: list[WorkerRecord], going: set[str]) -> bool:
         """Whether ``group``, fallback workers the job would send away, takes the training state with it: it holds
@@ -440,19 +455,24 @@ class Sourcing:
         groups = []
         for name in self._fallbacks:
             present = [h for h in (*hosts.ready, *hosts.missing) if hosts.sources.get(h) == name]
-            per_host = max((hosts.ready.get(h, 0) for h in present), default=0) or max(hosts.ready.values(),
-                                                                                       default=1)
-            groups.append((name, present, max(per_host, 1), sum(1 for h in present if h in used)))
-        left = self.wanted - sum(busy * per_host for _, _, per_host, busy in groups)
+            # Its own hosts' slots as last seen (another group's may be of another size); 0: none seen yet.
+            per_host = max((hosts.ready.get(h) or hosts.missing.get(h, (0, 0.0))[0] for h in present), default=0)
+            per_host = self.host_slots[name] = per_host or self.host_slots.get(name, 0)
+            groups.append((name, present, per_host, sum(1 for h in present if h in used)))
+        left = self.wanted - sum(busy * max(per_host, 1) for _, _, per_host, busy in groups)
         shares = []
         for name, present, per_host, busy in groups:
-            need = busy + math.ceil(max(left, 0) / per_host)
+            need = busy + math.ceil(max(left, 0) / max(per_host, 1))
             room = self.can_give.get(name, Room())
             if room.most is not None:
                 need = max(busy, min(need, max(room.most, len(present))))
             gives = need if room.gives is None else max(busy, min(need, max(room.gives, len(present))))
             shares.append((name, need if self.wanted else 0, len(present), gives if self.wanted else busy))
-            left -= (gives - busy) * per_host
+            left -= (gives - busy) * max(per_host, 1)  # of unknown size: the next group is asked as for 1 slot each
+            if not per_host and need > busy:
+                # None of its hosts seen: one host, the rest sized from the slots it shows (sized from another
+                # group's 1-GPU hosts, a raise of 4-GPU ones paid for idle instances the whole job).
+                shares[-1] = (name, busy + 1 if self.wanted else 0, len(present), shares[-1][3])
         return shares
 
     def raised(self, *, sent: bool = False) -> dict[str, int]:
@@ -525,13 +545,16 @@ class Sourcing:
             self._held_key = key
             now_paid = paid(alive, hosts, self._known, raised)
             self._held, self._idle_slots, self._idle.idle = now_paid.held, now_paid.idle_slots, now_paid.idle
+            on = Counter(w.slot.host for w in alive)  # the free slots of idle hosts without a price, as paid() counts
+            self._idle_unpriced = sum(hosts.ready.get(h, 0) - on[h] for group in now_paid.idle.values() for h in group
+                                      if hosts.prices.get(h) is None)
             fallback_prices = [p for h, (s, p) in self._known.items() if s in self._fallbacks and p is not None]
             fallback_spec = next((self.specs[n].price for n in self._fallbacks if self.specs[n].price is not None),
                                  None)
             if fallback_spec is not None or fallback_prices:
                 self.cost.fallback_price = fallback_spec if fallback_spec is not None else max(fallback_prices)
         self._idle.say(job.job_id, now)
-        self.cost.advance(now, self._held, self._idle_slots)
+        self.cost.advance(now, self._held, self._idle_slots, self._idle_unpriced)
         rate = self.cost.dollars_per_hour
         if (rate != self._cost_rate and now - self._cost_at >= COST_EVENT_EVERY_S) or \
                 now - self._cost_at >= COST_EVENT_MAX_S:
@@ -548,7 +571,7 @@ class Sourcing:
 
     def summary(self, now: float) -> CostSummary:
         """The cost so far, charged up to ``now``."""
-        self.cost.advance(now, self._held, self._idle_slots)
+        self.cost.advance(now, self._held, self._idle_slots, self._idle_unpriced)
         return self.cost.summary()
 
     def per_commit(self, s: CostSummary) -> PerCommit:
