@@ -244,8 +244,9 @@ class HostDiscovery(abc.ABC):
     def set_capacity(self, hosts: int, *, source: str | None = None) -> None:
         """Optional write path: set the group's desired capacity to ``hosts`` instances (``--manage-capacity``).
 
-        Called from the driver's discovery thread only, and only for a source the
-        user marked ``fallback`` (``source`` names it when the job has several).
+        Called one call of the source at a time (with several sources, on a thread of the
+        source's own, which the discovery thread waits for up to the call limit), and only
+        for a source the user marked ``fallback`` (``source`` names it when the job has several).
         Idempotent. Raises :class:`~cloud_elastic.errors.CapacityDeniedError` when
         the credentials may not change the group, and
         :class:`~cloud_elastic.errors.CapacityError` for anything else (retried).
@@ -272,7 +273,9 @@ class HostDiscovery(abc.ABC):
     def hourly_prices(self, snapshot: DiscoveredHosts) -> Mapping[str, float]:
         """Optional: the price the cloud quotes per instance-hour (dollars) of hosts of ``snapshot``.
 
-        Called from the discovery thread after :meth:`find`, only when the user
+        Called after :meth:`find`, one call of the source at a time (on a thread of the
+        source's own, which the discovery thread waits for up to the call limit, its last
+        prices kept meanwhile), only when the user
         gave no price for the source; a provider caches what it looked up. Hosts
         it cannot price are left out. Raises DiscoveryError like :meth:`find`
         (the job then goes on without those prices). The default knows none.

@@ -529,12 +529,9 @@ class AWSAutoScalingGroup(CloudGroupProvider):
 def _price(text: str | None) -> float | None:
     if text is None:
         return None
-    from cloud_elastic.providers.sources import check_price
+    from cloud_elastic.providers.sources import parse_price
 
-    try:
-        return check_price("provider 'aws': option 'on_demand_price'", float(text))
-    except ValueError:
-        raise ConfigError(f"provider 'aws': option 'on_demand_price' must be a number of dollars, got {text!r}") from None
+    return parse_price("provider 'aws': option 'on_demand_price'", text)  # what --source's price= takes
 
 
 def gpu_devices(gpu_info: Mapping[str, Any]) -> int:

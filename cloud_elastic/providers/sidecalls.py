@@ -1,8 +1,8 @@
 """The provider calls of one host source: its find() on a thread of its own (:class:`Caller`), and those made beside
 it (:class:`SideCalls`), one at a time.
 
-A multi-source provider (:mod:`cloud_elastic.providers.multi`) makes a source's ``set_capacity``, ``release`` and
-``hourly_prices`` calls on whichever thread asks (the discovery thread, the driver's at the end). :class:`SideCalls`
+A multi-source provider (:mod:`cloud_elastic.providers.multi`) makes a source's ``set_capacity`` and ``hourly_prices``
+calls on a second :class:`Caller` of the source's own, and ``release`` on whichever thread asks. :class:`SideCalls`
 starts one only while no call of that source runs (the check and the count are one step under its lock, so two
 threads never both start one).
 """

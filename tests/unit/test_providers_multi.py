@@ -115,6 +115,9 @@ def test_one_group_alone_is_one_provider_as_before():
      "price must be a number of dollars in digits 0-9 with at most one point (such as 0.9), got '1_000'"),
     (["--aws-asg", "a", "--aws-asg", "b", "--source", "b:on_demand_price=\u0661"],
      "on_demand_price must be a number of dollars in digits 0-9 with at most one point (such as 0.9), got '\u0661'"),
+    # the same rule for the single-group provider's own option (float() took '1_000' there)
+    (["--aws-asg", "a", "-o", "on_demand_price=1_000"],
+     "option 'on_demand_price' must be a number of dollars in digits 0-9 with at most one point"),
     (["--aws-asg", "a", "--aws-asg", "b", "--source", "c:fallback"], "no host source is named 'c' (sources: a, b)"),
     (["--aws-asg", "a", "--aws-asg", "b", "--source", "a:fallback", "--source", "b:fallback"],
      "every host source is marked fallback"),
