@@ -224,6 +224,8 @@ def run(discovery: DiscoveryArgs, **params: Any) -> int:
     names = {signal.SIGINT: ("interrupted by SIGINT", 130), signal.SIGTERM: ("terminated by SIGTERM", 143),
              signal.SIGHUP: ("hung up (SIGHUP)", 129)}
     for signum, (reason, code) in names.items():
+        if signum == signal.SIGHUP and signal.getsignal(signum) == signal.SIG_IGN:
+            continue  # started under nohup (or told so): a hang-up is to be ignored, as asked (review h15)
         signal.signal(signum, lambda _s, _f, r=reason, c=code: driver.interrupt(r, c))
     outcome = driver.run()
     verdict = "succeeded" if outcome.success else ("interrupted" if outcome.exit_code in INTERRUPTED else "failed")

@@ -47,6 +47,8 @@ STALE_HEARTBEATS = 4
 #: How long the scrape thread waits for the job's lock before it serves the figures it read last
 #: (:meth:`MetricsServer.follow`): a driver busy for long must not hold up every scrape.
 LIVE_WAIT_S = 0.5
+#: The job's figures read for one gauge serve the others read within this long: one scrape, one reading.
+ONE_SCRAPE_S = 0.25
 
 
 def _raise_to(counter: Any, counted: float, total: float | None) -> float:
@@ -154,6 +156,7 @@ class MetricsServer:
         self._world = 0  # the world size the events say (round_formed), served while nothing is followed
         self._live: Callable[[], LiveFigures | None] | None = None
         self._last_live: LiveFigures | None = None
+        self._live_at = float("-inf")
         self._finished = False
         self._server: ScrapeServer | None = None
         self.registry = registry = prom.CollectorRegistry(auto_describe=True)
@@ -242,12 +245,15 @@ class MetricsServer:
     def _figures(self) -> LiveFigures:
         """The world size and step rate to serve now (each scrape, see :meth:`follow`)."""
         live = self._live
+        with self._lock:  # both gauges of one scrape read one instant, and take the job's lock once (review h15)
+            if self._last_live is not None and self._clock() - self._live_at < ONE_SCRAPE_S:
+                return self._last_live if not self._finished else LiveFigures(0, 0.0)
         figures = live() if live is not None and not self._finished else None
         with self._lock:
             if self._finished:
                 return LiveFigures(0, 0.0)
             if figures is not None:
-                self._last_live = figures
+                self._last_live, self._live_at = figures, self._clock()
             elif self._last_live is None:
                 return LiveFigures(self._world, self._rate.as_of(self._clock()))
             return self._last_live

@@ -25,13 +25,9 @@ Guarantees, beyond :class:`~.api.HostDiscovery`'s:
   a typo must not run a job on fewer groups than the user meant. A fatal error at any later call (even when the
   earlier ones failed retryably: ExpiredToken after an hour) is a failure of that source only, as above.
 * A host reported by two sources (two groups that share a subnet) counts for the first one given; one WARNING.
-* Prices: a source's ``price`` (per slot-hour) for each of its hosts; else the provider's
-  :meth:`~.api.HostDiscovery.hourly_prices` (per instance-hour, AWS spot prices; read every ``price_refresh_s``
-  and for hosts no read covered) over the host's slots (a draining host's: those it had when ready, else its
-  source's other hosts'; else its price is unknown). A failed look-up (AccessDenied, throttling) is tried again
-  after ``PRICE_RETRY_S``, doubling up to ``price_refresh_s``; one WARNING per kind of failure, saying how to give
-  the price by hand. A price that is no number of dollars from 0 to ``sources.MAX_PRICE`` an hour (NaN, 1e300)
-  leaves its host unpriced (one WARNING naming the hosts new to it), never failing the merged snapshot.
+* Prices: a source's ``price`` (per slot-hour); else the provider's :meth:`~.api.HostDiscovery.hourly_prices` over
+  the host's slots (when and how they are read again, failures and prices that are no price:
+  :class:`~.sources.SourcePrices`; never failing the merged snapshot).
 * :meth:`set_capacity` (``--manage-capacity``) goes to the source's group as its :class:`~.group_capacity.GroupCapacity`
   decides (:meth:`capacity_of`, :meth:`can_give`). AccessDenied: one WARNING, the group is left unmanaged for the
   rest of the job; other errors are retried at each later ``find()`` until a call succeeds or a newer value replaces it.
@@ -71,7 +67,7 @@ MERGE_MARGIN_S = 5.0
 #: --discovery-timeout; well below the default --start-timeout and --elastic-timeout, 600 s).
 UNHEARD_HOLD_S = 90.0
 #: At close, releases put off beside the job's last calls wait this long for them (no find() comes after).
-RELEASE_AT_CLOSE_S = 10.0
+RELEASE_AT_CLOSE_S, CAPACITY_AT_CLOSE_S = 10.0, 120.0  # a capacity change under way at close: the job's 0
 _TAKE_S = 5.0  # a side call that has ended puts its answer just after: waited for this long at most
 
 def call_limit_s(discovery: HostDiscovery, timeout_s: float) -> float:
@@ -145,7 +141,8 @@ class SourceState:
     def wait_ended(self, timeout_s: float) -> bool:
         """Wait up to ``timeout_s`` for every provider call under way, its find() included; whether none runs."""
         deadline = time.monotonic() + timeout_s
-        return self.caller.wait_ended(timeout_s) and self.calls.wait_ended(deadline - time.monotonic())
+        return (self.caller.wait_ended(timeout_s) and self.calls.wait_ended(deadline - time.monotonic())
+                and self.side.wait_ended(max(0.0, deadline - time.monotonic())))
 
     def shown(self) -> int:
         return 0 if self.last is None else len(self.last.ready) + len(self.last.draining)
@@ -413,7 +410,7 @@ class MultiSourceDiscovery(HostDiscovery):
         if source.spec.fallback and group.asked > (group.value or 0) and (held or self._unheard(source)):
             return  # kept pending: asked again at every discovery (held: until the job saw the answer)
         limits = source.discovery.capacity_limits()
-        asked, hosts = group.asked, group.decide(self._clock(), limits)
+        asked, asks, hosts = group.asked, source.asks, group.decide(self._clock(), limits)  # asks: read with asked
         if asked is None or hosts is None:  # nothing to send (it would not change the group)
             return
 
@@ -424,7 +421,7 @@ class MultiSourceDiscovery(HostDiscovery):
 
         self._side(source, "capacity change (set_capacity)",
                    partial(source.discovery.set_capacity, hosts, source=source.spec.name),
-                   partial(self._capacity_set, source, asked, hosts, limits, source.asks), wait_s, before)
+                   partial(self._capacity_set, source, asked, hosts, limits, asks), wait_s, before)
 
     def _capacity_set(self, source: SourceState, asked: int, hosts: int, limits: tuple | None, asks: int,
                       outcome: object) -> None:
@@ -572,6 +569,10 @@ class MultiSourceDiscovery(HostDiscovery):
             for host, _ in source.releases:
                 log.warning("could not release drained host %s to the cloud as the job ended: a call to host source "
                             "%r still ran; it waits out the cloud's own timeout", host, source.spec.name)
+            if source.side.busy and source.side_what.startswith("capacity") and \
+                    not source.side.wait_ended(CAPACITY_AT_CLOSE_S):  # the job's 0 at its end, cut at exit else
+                log.warning("host source %r: its capacity change still ran %gs after the job ended: check its "
+                            "group's desired capacity yourself", source.spec.name, CAPACITY_AT_CLOSE_S)
             self._take_side(source, 0.0)  # a capacity change ended since: its line, its group's state
             source.caller.close()
             source.side.close()

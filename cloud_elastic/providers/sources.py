@@ -106,7 +106,9 @@ class SourcePrices:
     """What a source's provider said its hosts cost (``HostDiscovery.hourly_prices``: host -> dollars per
     instance-hour), and when to ask again: every ``refresh_s``, and for hosts no read covered (a host it gave no
     price is not asked again before the refresh); after a failed read, :data:`PRICE_RETRY_S` later, doubling up to
-    ``refresh_s``. Pure: its caller makes the reads and says what each method returns."""
+    ``refresh_s`` (one WARNING per kind of failure, saying how to give the price by hand). A price that is no number
+    of dollars from 0 to :data:`MAX_PRICE` an hour (NaN, 1e300) leaves its host unpriced (one WARNING naming the
+    hosts new to it). Pure: its caller makes the reads and says what each method returns."""
 
     refresh_s: float = 300.0
     hourly: Mapping[str, float] = field(default_factory=dict)

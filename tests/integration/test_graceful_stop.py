@@ -40,3 +40,28 @@ def test_a_signal_checkpoints_the_last_commit_and_the_newest_checkpoint_holds_it
     # What the same command resumes from: the newest checkpoint there (its resume is test_durable's).
     latest = CheckpointStore(str(tmp_path / "ckpt")).latest()
     assert latest is not None and latest.info.step == step
+
+
+def test_a_driver_started_under_nohup_trains_on_through_a_hang_up(jobs, tmp_path):
+    """Review h15: the SIGHUP handler replaced the ignore that nohup had set, and a hang-up stopped the job."""
+    import subprocess
+    import sys
+
+    from tests.integration.harness import CLI
+
+    args = [*CLI, "run", "-np", "1", "-H", "127.0.0.2:1", sys.executable, "-c",
+            "import time; print('started', flush=True); time.sleep(4)"]
+    proc = subprocess.Popen(["nohup", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            cwd=tmp_path, env={**os.environ, "XDG_RUNTIME_DIR": str(tmp_path)}, start_new_session=True)
+    try:
+        seen = []
+        while not any("started" in line for line in seen):  # the worker runs (bounded by the test's timeout)
+            seen.append(proc.stdout.readline())
+            assert seen[-1], seen
+        os.kill(proc.pid, signal.SIGHUP)
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 0, out
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+

@@ -25,7 +25,8 @@ def test_run_deletes_the_records_of_drivers_gone_a_day_past_their_grace(jobs, tm
                                  root=root)
     seen = time.time() - 86400 - 61  # the default --driver-grace (60 s) and a day ago
     os.utime(old / "driver.json", (seen, seen))
-    job = jobs(["run", "-np", "1", "-H", "127.0.0.1:1", sys.executable, "-c", "pass"],
-               env={"XDG_RUNTIME_DIR": str(tmp_path / "run")})
-    assert job.finish(50) == 0, job.output()
+    # With --checkpoint-dir too (the start that plans a resume, review h15): any run prunes.
+    job = jobs(["run", "-np", "1", "-H", "127.0.0.1:1", "--checkpoint-dir", str(tmp_path / "ckpt"), sys.executable,
+                "-c", "pass"], env={"XDG_RUNTIME_DIR": str(tmp_path / "run")})
+    assert job.finish(50) == 1, job.output()  # a plain command with --checkpoint-dir is no success: beside the point
     assert not old.exists() and (recent / "secret").exists()

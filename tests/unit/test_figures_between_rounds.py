@@ -164,3 +164,21 @@ def test_without_anything_followed_the_metrics_read_the_events_and_nan_before_an
 def _scraped(server: MetricsServer, name: str) -> float:
     text = urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=10).read().decode()
     return float(next(line.split()[1] for line in text.splitlines() if line.startswith(name + " ")))
+
+
+def test_one_scrape_reads_the_job_once_for_both_gauges() -> None:
+    """Review h15: each gauge took the job's lock for its own reading (two instants, two waits on a busy driver)."""
+    now, calls = [100.0], []
+    metrics = MetricsServer("t", 0, clock=lambda: now[0])
+
+    def live() -> LiveFigures:
+        calls.append(now[0])
+        return LiveFigures(3, 2.5)
+
+    metrics.follow(live)
+    text = metrics._render("text/plain")[0].decode()
+    assert "cloud_elastic_world_size 3.0" in text and "cloud_elastic_steps_per_second 2.5" in text
+    assert calls == [100.0]
+    now[0] += 15.0  # the next scrape reads afresh
+    metrics._render("text/plain")
+    assert calls == [100.0, 115.0]

@@ -738,3 +738,25 @@ def test_a_host_the_provider_gives_no_price_is_not_looked_up_again_at_every_find
     clock.now += 300
     multi.find()
     assert spot.price_calls == 2
+
+
+def test_a_capacity_change_to_0_slower_than_the_call_limit_is_waited_for_at_close():
+    """Review h15: with capacity changes on the source's own thread, a set_capacity(0) at the job's end slower than
+    the source's call limit was cut when the process exited (a daemon thread): the group stayed raised, and paid."""
+    slow = threading.Event()
+
+    class Slow(Scripted):
+        def set_capacity(self, hosts, *, source=None):
+            if slow.is_set():
+                time.sleep(1.5)
+            super().set_capacity(hosts)
+
+    od = Slow(DiscoveredHosts())
+    multi = MultiSourceDiscovery([(spec("spot"), Scripted(DiscoveredHosts(ready={"h1": 1}))),
+                                  (spec("od", fallback=True), od)], call_timeout_s=0.3)
+    multi.find()
+    multi.set_capacity(2, source="od")
+    slow.set()
+    multi.set_capacity(0, source="od")  # waited for 0.3 s only: still under way
+    multi.close()
+    assert od.capacity_calls == [2, 0]

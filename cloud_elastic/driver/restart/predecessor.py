@@ -129,6 +129,12 @@ def plan_start(config: JobConfig, store: Any, *, job_id: str) -> StartPlan:
     Writes the job's record to a store that has none. Raises ConfigError (the same job already
     running here) or CheckpointError (unreadable storage) before anything starts.
     """
+    try:
+        # Records (the job's secret, its workers' kept output) of drivers gone a day past their grace go first, as
+        # ``status`` deletes them: a machine whose user never ran ``status`` kept every killed driver's (review h13).
+        prune_gone(list_jobs(), time.time())
+    except ConfigError as exc:  # the records' folder unreadable: said where the driver writes its own
+        log.debug("could not prune the records of drivers gone long ago: %s", exc)
     if store is None:
         return _without_store(config, job_id)
     return replace(_plan(config, store, job_id), checkpoint_dir=config.checkpoint_dir)
@@ -322,9 +328,6 @@ def _same_command(config: JobConfig, plan: StartPlan) -> StartPlan:
     if config.command[:1] in (("<ray actor>",), ("<spark task>",)):
         return plan  # Ray's actors and Spark's tasks end with the driver that started them: nothing to wait out
     try:
-        # Records (the job's secret, its workers' kept output) of drivers gone a day past their grace go first, as
-        # ``status`` deletes them: a machine whose user never ran ``status`` kept every killed driver's (review h13).
-        prune_gone(list_jobs(), now)
         # The same command in another directory is another project's job (``python train.py`` is common).
         records = find_jobs(config.command, cwd=os.getcwd())
     except ConfigError as exc:  # the job runs without its records (see Driver._record_for_status)

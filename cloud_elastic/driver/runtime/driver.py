@@ -368,7 +368,8 @@ class Driver:
         with self._cond:
             if first is not None:
                 self._job.discovered(first, self._clock())
-            elif closed.adopted:  # discovery failed, or a signal came first: its workers train (or stop) where they are
+            elif closed.adopted and self._job.outcome is None:  # discovery failed, or a signal came first (a graceful
+                # stop then runs with them): its workers train, or stop at a commit, where they are
                 self._job.discovery.assume(adopted_hosts(closed.adopted), len(closed.adopted), self._clock())
             window.close()
         if first is not None or (going_on and closed.adopted):
