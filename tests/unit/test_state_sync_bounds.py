@@ -253,6 +253,7 @@ _AMPLIFIED = {
 }
 
 
+@pytest.mark.timeout(90)  # CPU-bound: 16 s in a clean clone's loaded run, over 30 s in another
 def test_a_pickle_whose_load_builds_far_more_than_its_size_or_walks_one_list_again_and_again_is_refused_first(
         tmp_path):
     """Review h1 (2026-12-01): the check before the load counted only tuples; ``set(L)`` over and over took time
@@ -433,6 +434,7 @@ def test_small_parts_that_do_not_fit_this_workers_state_are_refused(monkeypatch,
         state._small_state(ctx, False)
 
 
+@pytest.mark.timeout(90)  # CPU-bound: 16 s in a clean clone's loaded run, over 30 s in another
 def test_a_list_of_many_small_tensors_views_of_one_storage_still_loads():
     """Review of efd15eb: the estimate of what a load builds counted each tensor's storage and the tuples of its
     rebuild at 1.5 kB for 47 bytes of pickle, and refused ``list(torch.arange(60_000))`` (in a state sync too: the
