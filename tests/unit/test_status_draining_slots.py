@@ -53,16 +53,22 @@ def test_a_host_drained_by_hand_keeps_its_slot_count_in_status() -> None:
 
 
 def test_a_host_discovery_reports_draining_keeps_the_count_it_had_when_ready() -> None:
+    # No message reached the driver while c was ready: the control plane, which kept the count from message to
+    # message before, showed the slots c's worker held (1), not c's 2.
     sim = started(3, {"a": 1, "b": 1, "c": 2}, min_np=1)
     plane = _plane(sim)
-    _status(plane)  # any message while c was ready
     sim.discover({"a": 1, "b": 1}, draining={"c": Drain(None, "Terminating")})
     assert (_row(_status(plane), "c").slots, _row(_status(plane), "c").state) == (2, "draining")
-
-
-def test_without_the_slots_seen_a_draining_host_shows_at_least_the_slots_its_workers_hold() -> None:
-    sim = started(3, {"a": 1, "b": 1, "c": 2}, min_np=1)
-    sim.discover({"a": 1, "b": 1}, draining={"c": Drain(None, "Terminating")})
     config = JobConfig(command=("x",), num_proc=3, min_np=1, max_np=3)
     reply = status_reply(sim.job, config, provider="static", now=sim.now, wall_now=sim.now, uptime_s=1.0)
-    assert _row(reply, "c").slots == 1
+    assert _row(reply, "c").slots == 2  # the pure reply alone knows it too: the hosts keep it
+
+
+def test_a_host_never_seen_ready_shows_no_slots_and_a_forgotten_host_keeps_no_count() -> None:
+    sim = started(3, {"a": 1, "b": 1, "c": 2}, min_np=1)
+    plane = _plane(sim)
+    sim.discover({"a": 1, "b": 1}, draining={"c": Drain(None, "Terminating"), "d": Drain(None, "Terminating")})  # d: from the first
+    assert _row(_status(plane), "d").slots == 0
+    assert sim.job.hosts.slots_of("d") is None and sim.job.hosts.slots_of("c") == 2
+    sim.discover({"a": 1, "b": 1})  # c and d leave discovery: forgotten, their counts with them
+    assert sim.job.hosts.slots_of("c") is None and all(h.host not in ("c", "d") for h in _status(plane).hosts)

@@ -281,6 +281,9 @@ class HostManager:
     version: int = 0
     #: Hosts kept missing at most, besides those that matter (see the class docstring).
     max_missing: int = MAX_MISSING
+    #: Host -> its slots as last seen ready or missing, until it is forgotten: a draining host leaves ``ready``, and
+    #: discovery gives it no count, though its workers still train there (:meth:`slots_of`).
+    _slots_seen: dict[str, int] = field(default_factory=dict)
 
     def update(self, snapshot: DiscoveredHosts, now: float = 0.0, keep: Keep | None = None,
                in_use: Collection[str] = ()) -> HostChanges:
@@ -302,6 +305,7 @@ class HostManager:
         dropped = self._drop_missing(in_use) if len(self.missing) > self.max_missing else ()
         self.ready = dict(snapshot.ready)
         self.draining = dict(snapshot.draining)
+        self._slots_seen.update(self.ready)
         for host, instance in snapshot.instances.items():
             if self._last_instance.setdefault(host, instance) != instance:
                 # A recycled IP, a recreated or restarted pod: the new instance inherits no blacklisting.
@@ -506,6 +510,7 @@ class HostManager:
             self._heard.pop(host, None)
             self.blacklist.forget_host(host, keep_for_good=True)
             self.instances.pop(host, None)
+            self._slots_seen.pop(host, None)
             self.sources.pop(host, None)
             self.prices.pop(host, None)
         if len(self._last_instance) > len(self._order) + self.max_missing:
@@ -516,6 +521,15 @@ class HostManager:
             for host in old[:len(self._last_instance) - len(self._order) - self.max_missing]:
                 del self._last_instance[host]
         return tuple(gone)
+
+    def slots_of(self, host: str) -> int | None:
+        """``host``'s slots: as discovery lists them while it is ready, as last seen ready while it is missing or
+        draining; None for a host never seen ready (listed draining from the first)."""
+        if host in self.ready:
+            return self.ready[host]
+        if host in self.missing:
+            return self.missing[host][0]
+        return self._slots_seen.get(host)
 
     def order_of(self, host: str) -> int:
         """Sort key of ``host``: lower for hosts seen earlier; unknown hosts last."""

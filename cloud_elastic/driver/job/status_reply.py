@@ -1,8 +1,7 @@
 """The driver's answer to ``cloud-elastic status``: a snapshot of the job, built from the pure job.
 
 Pure: reads the :class:`~cloud_elastic.driver.job.elastic_job.ElasticJob` (under the
-driver's lock) and returns a :class:`~cloud_elastic.status.StatusReply`. What the job no longer
-holds, a draining host's slots, the control plane keeps for it (:class:`SlotsSeen`).
+driver's lock) and returns a :class:`~cloud_elastic.status.StatusReply`.
 """
 
 from __future__ import annotations
@@ -12,12 +11,11 @@ import statistics
 from cloud_elastic.config import JobConfig
 from cloud_elastic.driver.job.elastic_job import ElasticJob, Phase
 from cloud_elastic.driver.job.health import comm_share
-from cloud_elastic.driver.job.hosts import HostManager
 from cloud_elastic.driver.job.spares import spare_slots
 from cloud_elastic.driver.job.workers import WorkerState
 from cloud_elastic.protocol_status import BlacklistedSlot, HostStatus, PendingNotice, StatusReply, WorkerStatus
 
-__all__ = ["status_reply", "round_members", "SlotsSeen", "MAX_WORKER_ROWS", "MAX_ROWS"]
+__all__ = ["status_reply", "round_members", "MAX_WORKER_ROWS", "MAX_ROWS"]
 
 #: Worker rows listed at most: the round's members by rank first (what ``status`` is read for), then the others.
 MAX_WORKER_ROWS = 256
@@ -43,29 +41,6 @@ def round_members(job: ElasticJob) -> list:
     return job.members()
 
 
-class SlotsSeen:
-    """Each host's slots as last seen ready or missing. A host that starts draining (a notice, ``cloud-elastic
-    drain``) leaves ``hosts.ready`` and its slot count with it, and discovery gives a draining host none: status
-    showed ``SLOTS 0`` for a host whose worker still trained on slot [0]. Kept only while the host is known."""
-
-    def __init__(self) -> None:
-        self._slots: dict[str, int] = {}
-        self._version = -1
-
-    def note(self, hosts: HostManager) -> None:
-        """Read the slots of ``hosts``, when they changed since the last call (``hosts.version``)."""
-        if hosts.version == self._version:
-            return
-        self._version = hosts.version
-        kept = {h: n for h, n in self._slots.items() if h in hosts.draining}
-        kept.update(hosts.ready)
-        kept.update((h, n) for h, (n, _) in hosts.missing.items())
-        self._slots = kept
-
-    def get(self, host: str) -> int | None:
-        return self._slots.get(host)
-
-
 def _phase(job: ElasticJob) -> str:
     if job.phase is Phase.STARTING:
         return "waiting for slots" if not job.workers else "starting"
@@ -79,14 +54,12 @@ def _phase(job: ElasticJob) -> str:
 
 
 def status_reply(job: ElasticJob, config: JobConfig, *, provider: str, now: float, wall_now: float,
-                 uptime_s: float, steps_per_s: float | None = None,
-                 slots_seen: SlotsSeen | None = None) -> StatusReply:
+                 uptime_s: float, steps_per_s: float | None = None) -> StatusReply:
     """What the driver answers to a signed ``status`` request.
 
     ``steps_per_s`` is rank 0's optimizer step rate as the driver measures it from heartbeats
-    (:meth:`~cloud_elastic.metrics.StepRate.as_of`); None shows as unknown. ``slots_seen``: the hosts' slots as
-    last seen ready, a draining host's count (without it, or for a host never seen ready: the slots its live
-    workers hold, at least).
+    (:meth:`~cloud_elastic.metrics.StepRate.as_of`); None shows as unknown. A draining host shows its slots as
+    last seen ready (:meth:`~cloud_elastic.driver.job.hosts.HostManager.slots_of`), and at least the slots its live workers hold.
     """
     held: dict[str, int] = {}  # host -> 1 + its highest slot a live worker holds
     for w in job.workers.values():
@@ -114,8 +87,7 @@ def status_reply(job: ElasticJob, config: JobConfig, *, provider: str, now: floa
     rows = [HostStatus(h, n, "ready", tuple(by_host.get(h, ())), hosts.sources.get(h, ""), hosts.prices.get(h),
                        unlisted.get(h, 0))
             for h, n in hosts.ready.items()]
-    seen = slots_seen.get if slots_seen is not None else (lambda h: None)
-    rows += [HostStatus(h, max(seen(h) or 0, held.get(h, 0)), "draining", tuple(by_host.get(h, ())),
+    rows += [HostStatus(h, max(hosts.slots_of(h) or 0, held.get(h, 0)), "draining", tuple(by_host.get(h, ())),
                         hosts.sources.get(h, ""), hosts.prices.get(h), unlisted.get(h, 0))
              for h in hosts.draining]
     rows += [HostStatus(h, n, "missing", tuple(by_host.get(h, ())), hosts.sources.get(h, ""), hosts.prices.get(h),

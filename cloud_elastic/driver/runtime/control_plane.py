@@ -37,7 +37,7 @@ from cloud_elastic.config import JobConfig
 from cloud_elastic.driver.job.actions import Phase
 from cloud_elastic.driver.job.checkpoint_watch import CheckpointWatch
 from cloud_elastic.driver.job.notice_policy import host_vacated, notice_action, notice_watcher
-from cloud_elastic.driver.job.status_reply import SlotsSeen, round_members, status_reply
+from cloud_elastic.driver.job.status_reply import round_members, status_reply
 from cloud_elastic.driver.net.control_server import Held
 from cloud_elastic.driver.runtime.condition import JobCondition
 from cloud_elastic.errors import ControlPlaneError
@@ -101,7 +101,6 @@ class ControlPlane:
         self._interceptor = interceptor
         self._watchers: dict[str, str] = {}  # host -> worker id running its metadata notice watcher
         self.rate = StepRate()  # rank 0's optimizer steps per second, for status and the metrics
-        self._slots = SlotsSeen()  # each host's slots as last seen ready, for status (a draining host's)
         self.checkpoints = CheckpointWatch(job.job_id, config.checkpoint_interval_s)
         self._table: dict[str, Callable[[str, dict[str, Any], float], Any]] = {
             "register": self._register, "rendezvous": self._rendezvous, "poll": self._poll,
@@ -135,8 +134,6 @@ class ControlPlane:
         if handler is None:
             raise ControlPlaneError(f"unknown message kind {kind!r}")
         with self._cond:
-            # Before the message acts: a drain or a notice takes its host out of hosts.ready, and its slots with it.
-            self._slots.note(self._job.hosts)
             return handler(worker_id, msg, self._clock())
 
     def live(self) -> LiveFigures | None:
@@ -348,8 +345,7 @@ class ControlPlane:
 
     def _status(self, worker_id: str, msg: dict[str, Any], now: float) -> dict[str, Any]:
         return status_reply(self._job, self._config, provider=self._provider, now=now, wall_now=time.time(),
-                            uptime_s=now - self._started_at, steps_per_s=self.rate.as_of(now),
-                            slots_seen=self._slots).to_json()
+                            uptime_s=now - self._started_at, steps_per_s=self.rate.as_of(now)).to_json()
 
 
 def _worker_of(msg: dict[str, Any]) -> str:
