@@ -126,3 +126,21 @@ def test_the_digest_that_proves_the_final_state_stored_tells_every_change_bit_fo
     assert digest({"x": torch.zeros(2)}) != digest({"x": torch.zeros(1, 2)})
     assert digest({"x": torch.zeros(2)}) != digest({"y": torch.zeros(2)})
     assert digest({"a": object()}) is None and not Stored(4, None).holds(object(), 4, True)  # unknown: written
+
+
+def test_the_digest_passes_at_the_end_and_at_a_load_count_as_progress_tensor_by_tensor(tmp_path):
+    # Found in review: the passes that prove the final state stored (at the end, after each write, at a load) marked
+    # no progress; over tens of GB a worker they take tens of seconds, under --progress-timeout (120 s by default).
+    from cloud_elastic.worker.link.progress import Progress
+
+    state, ctx, durable = _stored_at_commit_4(tmp_path)
+    tensors = len(list(state.model.parameters()))
+    ctx.progress = Progress()
+    assert durable.finish(state) is None
+    assert [f["step"] for e, f in ctx.reports if e == "saved"] == [4]  # nothing written: only the proof ran
+    assert ctx.progress.count >= tensors  # before the fix: 0
+
+    other, octx = _state(seed=7), _ctx()
+    octx.progress = Progress()
+    assert _checkpoints(tmp_path, octx).load_latest(other).step == 4
+    assert octx.progress.count >= tensors  # before the fix: 0

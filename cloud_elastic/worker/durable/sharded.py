@@ -212,7 +212,7 @@ class ShardedCheckpoints:
         # cost a write and, with --checkpoint-keep, an older checkpoint; the proof costs one pass over the state.
         ledger = self._ctx.ledger
         held = self._stored is not None and not getattr(ledger, "steps_since_commit", 0) and \
-            self._stored.holds(state, ledger.commit_seq, info.local_rank == 0)
+            self._stored.holds(state, ledger.commit_seq, info.local_rank == 0, self._mark)
         if not self._anyone(not held):
             return None  # the last checkpoint, written (or loaded) by these very workers, holds the final state
         why = self._write_watched(state)
@@ -241,6 +241,13 @@ class ShardedCheckpoints:
     def _anyone(self, mine: bool) -> bool:
         """Whether any worker of the host answers True (a vote over the host's group)."""
         return self._worst(int(mine)) > 0
+
+    def _mark(self) -> None:
+        """A digest pass moved on (``durable.stored``): tens of GB take tens of seconds, not a stall to the driver's
+        ``--progress-timeout`` watch."""
+        progress = getattr(self._ctx, "progress", None)
+        if progress is not None:
+            progress.mark()
 
     def _step(self, state: Any) -> int:
         from cloud_elastic.worker.durable.rank_zero import step_of
@@ -318,7 +325,7 @@ class ShardedCheckpoints:
                                         bytes=saved.size + sum((saved.shards or {}).values()))
         # What it wrote, for the end of training (``durable.stored``): digested from the write's copy on the writer's
         # thread, after the publish (a synchronous write digests the live state it just wrote, on the training one).
-        self._stored = Stored(seq, digest(tensors), rest)
+        self._stored = Stored(seq, digest(tensors, self._mark), rest)
 
     # -------------------------------------------------------------- loading
     def _sharded_candidates(self) -> list[CheckpointInfo]:
@@ -392,7 +399,7 @@ class ShardedCheckpoints:
                 continue
             misfits.passed_over(ctx.worker_id, chosen.step)
             ctx.ledger.hold_commit(seq)
-            self._stored = Stored.loaded(state, seq, info.local_rank == 0)  # a resume training nothing writes nothing
+            self._stored = Stored.loaded(state, seq, info.local_rank == 0, self._mark)  # a resume training nothing writes nothing
             ctx.loaded_commit = seq  # held by a load, which fits any FSDP-unit layout: no say in the job's layout
             log.info("worker %s: loaded its shards of the checkpoint of step %d (written by %s workers a host) from "
                      "%s in %.2fs", ctx.worker_id, chosen.step, chosen.shard_count, chosen.url,

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import struct
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -37,40 +38,43 @@ class Stored:
     rest: Any = None
 
     @classmethod
-    def loaded(cls, state: Any, seq: int, local_rank_0: bool) -> "Stored":
+    def loaded(cls, state: Any, seq: int, local_rank_0: bool, mark: Callable[[], None] | None = None) -> "Stored":
         """The live ``state``, just loaded from the checkpoint of commit ``seq``: what that checkpoint holds (one pass
-        over this worker's part of it). Unknown (never held) where it cannot be read."""
+        over this worker's part of it, ``mark`` called after each tensor). Unknown (never held) where it cannot be
+        read."""
         try:
             tensors, skip = sharded_parts(state)
-            return cls(seq, digest(tensors), stage_payload(state_payload(state, skip)) if local_rank_0 else None)
+            return cls(seq, digest(tensors, mark), stage_payload(state_payload(state, skip)) if local_rank_0 else None)
         except Exception:  # noqa: BLE001 - the load succeeded: at worst the end of training writes it again
             return cls(seq, None)
 
-    def holds(self, state: Any, seq: int, local_rank_0: bool) -> bool:
+    def holds(self, state: Any, seq: int, local_rank_0: bool, mark: Callable[[], None] | None = None) -> bool:
         """Whether ``state``, at commit ``seq``, is bitwise what this checkpoint holds, as far as this worker sees:
         its shards, buffers and optimizer state (and, on ``local_rank_0``, the other values). One pass over this
-        worker's part of the state (a GPU's tensors copied to host memory one at a time). Never raises: a state
-        it cannot read is not held, and the write that follows says what is wrong."""
+        worker's part of the state (a GPU's tensors copied to host memory one at a time, ``mark`` called after
+        each). Never raises: a state it cannot read is not held, and the write that follows says what is wrong."""
         if self.digest is None or seq != self.seq:
             return False
         try:
             tensors, skip = sharded_parts(state)
-            if digest(tensors) != self.digest:
+            if digest(tensors, mark) != self.digest:
                 return False
             return not local_rank_0 or same_payload(state_payload(state, skip), self.rest)
         except Exception:  # noqa: BLE001 - not held: the final write then runs, and reports its own failure
             return False
 
 
-def digest(tensors: Any) -> str | None:
+def digest(tensors: Any, mark: Callable[[], None] | None = None) -> str | None:
     """SHA-256 of DCP state dicts as this worker writes them: its local shard of each DTensor, every other tensor
     and plain value, with their keys, dtypes and shapes (bit for bit: -0.0 is not 0.0, a NaN equals itself).
     None when a value has no exact digest here (a sparse or quantized tensor, an object of another type); never
-    raises."""
+    raises. ``mark`` (a worker's :meth:`Progress.mark <cloud_elastic.worker.link.progress.Progress.mark>`) is
+    called after each tensor: a pass over tens of GB takes tens of seconds, which ``--progress-timeout`` must not
+    count as a stall."""
     h = hashlib.sha256()
     try:
         with torch.no_grad():
-            _feed(h, tensors)
+            _feed(h, tensors, mark or _nothing)
     except Exception:  # noqa: BLE001 - _NoDigest, or a tensor that cannot reach host memory (a meta one): unknown
         return None
     return h.hexdigest()
@@ -80,7 +84,11 @@ class _NoDigest(Exception):
     """A value this module cannot digest exactly."""
 
 
-def _feed(h: Any, value: Any) -> None:
+def _nothing() -> None:
+    pass
+
+
+def _feed(h: Any, value: Any, mark: Callable[[], None]) -> None:
     from torch.distributed.tensor import DTensor
 
     if isinstance(value, DTensor):
@@ -92,15 +100,16 @@ def _feed(h: Any, value: Any) -> None:
         t = value.detach().resolve_conj().resolve_neg().to("cpu").contiguous()
         if t.numel():
             h.update(t.reshape(-1).view(torch.uint8).numpy())  # hashlib lets go of the GIL over large buffers
+        mark()
     elif isinstance(value, dict):
         h.update(f"dict {len(value)};".encode())
         for key in sorted(value, key=repr):
             h.update(f"{key!r}:".encode())
-            _feed(h, value[key])
+            _feed(h, value[key], mark)
     elif isinstance(value, (list, tuple)):
         h.update(f"{type(value).__name__} {len(value)};".encode())
         for item in value:
-            _feed(h, item)
+            _feed(h, item, mark)
     elif isinstance(value, float):
         h.update(f"{type(value).__name__} ".encode() + struct.pack("<d", value))
     elif value is None or isinstance(value, (int, str, bytes)):  # bool is an int
