@@ -10,6 +10,7 @@ import socket
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Iterator
 
 import pytest
@@ -263,6 +264,28 @@ def test_a_connection_dropped_by_the_server_under_a_driver_grace_is_stopped_thro
         if closing:
             launcher.close()
         wait_gone(marker, 30)  # not the grace's 60 s (a new connection under a loaded suite took over 15 s)
+    finally:
+        launcher.close()
+
+
+def test_an_orphan_reached_again_over_a_slow_connection_still_gets_its_kill(sshd, marker, tmp_path):
+    """The KILL for a worker whose connection dropped waits for the new connection to reach its wrapper: written
+    as soon as the local ssh ran, it waited in ssh's stdin while the connection set up, and the launcher's kill wait
+    (``disconnect_grace_s``) then cut the client before it arrived; the worker kept its 60 s grace (a clean-clone
+    run of the suite, where a connection took over 15 s)."""
+    slow = tmp_path / "slow"
+    proxy = f"ProxyCommand={sys.executable} {Path(__file__).with_name('slow_proxy.py')} %h %p {slow}"
+    config = dataclasses.replace(sshd.config, extra_options=(*sshd.config.extra_options, proxy))
+    launcher = SSHLauncher(config, keepalive_interval_s=0.5, disconnect_grace_s=1.0)
+    try:
+        proc, out = start(launcher, REMOTE, marker, "sleep", env={"CLOUD_ELASTIC_DRIVER_GRACE_S": "60"})
+        worker, _ = _ready(out)
+        slow.write_text("3")  # each new connection takes 3 s from now on
+        os.kill(_parent(_parent(worker)), signal.SIGKILL)  # the per-connection "sshd: user@notty" process
+        status = wait_exit(proc, 10)
+        assert status.transport_error and "connection lost" in status.transport_error
+        launcher.close()  # waits for the KILL under way, up to 10 s
+        wait_gone(marker, 20)  # before the fix: the worker ran on for the grace's 60 s
     finally:
         launcher.close()
 

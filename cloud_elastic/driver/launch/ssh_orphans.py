@@ -6,7 +6,7 @@ sshd restarted, the session's process killed, a NAT entry expired) reads the sam
 given the worker up (an SSH failure, "connection lost"): a review saw such a plain command run 75 s past its job's
 end, and an old worker run beside its replacement on the same slot (on a GPU host, it holds the slot's memory).
 So the launcher reaches the wrapper again (``SSHLauncher.attach``, as a restarted driver does) and orders ``KILL``:
-once the new connection runs, within :data:`CONNECT_WAIT_S`; ``close()`` waits for those under way, up to
+once the new connection has reached the wrapper, within :data:`CONNECT_WAIT_S`; ``close()`` waits for those under way, up to
 :data:`CLOSE_WAIT_S`. A wrapper already gone answers so, and nothing more happens. Best effort: a host that cannot
 be reached again keeps the wrapper's own bound (the grace).
 """
@@ -72,8 +72,12 @@ class Orphans:
 
 
 def _kill_once_connected(again: Any) -> None:
+    # Once the new connection reached the wrapper (its STARTED line: ``_started``), not once the local ssh runs: a KILL written
+    # before that waits in ssh's stdin while the connection sets up, and ``kill`` ends the client after the
+    # launcher's kill wait (1 s with ``disconnect_grace_s=1``), before the order arrived; on a loaded machine a
+    # connection took over 15 s, and the worker ran on for the grace.
     deadline = time.monotonic() + CONNECT_WAIT_S
-    while again.ssh_pid is None and again.poll() is None and time.monotonic() < deadline:
+    while not again._started and again.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
     again.kill()  # before its ssh runs, this cancels the set-up instead: nothing reached, nothing to stop
     while again.poll() is None and time.monotonic() < deadline:
