@@ -72,9 +72,9 @@ class Orphans:
 
 
 def _kill_once_connected(again: Any) -> None:
-    # Once the new connection reached the wrapper (its STARTED line: ``_started``), not once the local ssh runs: a KILL written
-    # before that waits in ssh's stdin while the connection sets up, and ``kill`` ends the client after the
-    # launcher's kill wait (1 s with ``disconnect_grace_s=1``), before the order arrived; on a loaded machine a
+    # Once the new connection reached the wrapper (its STARTED line: ``_started``), not once the local ssh runs: a
+    # KILL written before that waits in ssh's stdin while the connection sets up, and ``kill`` ends the client after
+    # the launcher's kill wait (1 s with ``disconnect_grace_s=1``), before the order arrived; on a loaded machine a
     # connection took over 15 s, and the worker ran on for the grace.
     deadline = time.monotonic() + CONNECT_WAIT_S
     while not again._started and again.poll() is None and time.monotonic() < deadline:
