@@ -16,7 +16,8 @@ import time
 def main() -> None:
     host, port, flag = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     try:
-        time.sleep(float(open(flag).read() or 0))
+        with open(flag) as f:
+            time.sleep(float(f.read() or 0))
     except FileNotFoundError:
         pass
     conn = socket.create_connection((host, port))

@@ -268,11 +268,12 @@ def test_a_connection_dropped_by_the_server_under_a_driver_grace_is_stopped_thro
         launcher.close()
 
 
+@pytest.mark.timeout(120)  # a start, a connection lost (10 s), a close (30 s), the worker gone (20 s), under load
 def test_an_orphan_reached_again_over_a_slow_connection_still_gets_its_kill(sshd, marker, tmp_path):
     """The KILL for a worker whose connection dropped waits for the new connection to reach its wrapper: written
-    as soon as the local ssh ran, it waited in ssh's stdin while the connection set up, and the launcher's kill wait
-    (``disconnect_grace_s``) then cut the client before it arrived; the worker kept its 60 s grace (a clean-clone
-    run of the suite, where a connection took over 15 s)."""
+    as soon as the local ssh ran, it waited in ssh's stdin while the connection set up, and the launcher's
+    ``kill_wait_s`` (1 s) then cut the client before it arrived; the worker kept its 60 s grace (a clean-clone run
+    of the suite, where a connection took over 15 s). The close waits for it as long as the connection may take."""
     slow = tmp_path / "slow"
     proxy = f"ProxyCommand={sys.executable} {Path(__file__).with_name('slow_proxy.py')} %h %p {slow}"
     config = dataclasses.replace(sshd.config, extra_options=(*sshd.config.extra_options, proxy))
@@ -284,7 +285,7 @@ def test_an_orphan_reached_again_over_a_slow_connection_still_gets_its_kill(sshd
         os.kill(_parent(_parent(worker)), signal.SIGKILL)  # the per-connection "sshd: user@notty" process
         status = wait_exit(proc, 10)
         assert status.transport_error and "connection lost" in status.transport_error
-        launcher.close()  # waits for the KILL under way, up to 10 s
+        launcher.close()  # waits for the KILL under way, up to 30 s
         wait_gone(marker, 20)  # before the fix: the worker ran on for the grace's 60 s
     finally:
         launcher.close()

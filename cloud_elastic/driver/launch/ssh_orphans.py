@@ -5,10 +5,10 @@ on for ``--driver-grace``, so that a restarted driver can adopt it. A connection
 sshd restarted, the session's process killed, a NAT entry expired) reads the same, though this driver lives and has
 given the worker up (an SSH failure, "connection lost"): a review saw such a plain command run 75 s past its job's
 end, and an old worker run beside its replacement on the same slot (on a GPU host, it holds the slot's memory).
-So the launcher reaches the wrapper again (``SSHLauncher.attach``, as a restarted driver does) and orders ``KILL``:
-once the new connection has reached the wrapper, within :data:`CONNECT_WAIT_S`; ``close()`` waits for those under way, up to
-:data:`CLOSE_WAIT_S`. A wrapper already gone answers so, and nothing more happens. Best effort: a host that cannot
-be reached again keeps the wrapper's own bound (the grace).
+So the launcher reaches the wrapper again (``SSHLauncher.attach``, as a restarted driver does) and orders ``KILL``
+once the new connection has reached the wrapper, within :data:`CONNECT_WAIT_S`; ``close()`` waits for those under
+way, up to :data:`CLOSE_WAIT_S`. A wrapper already gone answers so, and nothing more happens. Best effort: a host
+that cannot be reached again keeps the wrapper's own bound (the grace).
 """
 
 from __future__ import annotations
@@ -24,10 +24,12 @@ __all__ = ["Orphans", "left_running", "CONNECT_WAIT_S", "CLOSE_WAIT_S"]
 
 logger = logging.getLogger(__name__)
 
-#: How long a fresh connection gets to start before its KILL order is given up.
+#: How long a fresh connection gets to reach the wrapper before its KILL order is given up.
 CONNECT_WAIT_S = 30.0
-#: How long the launcher's close waits for the KILL orders under way.
-CLOSE_WAIT_S = 10.0
+#: How long the launcher's close waits for the KILL orders under way: as long as their connections may take, since
+#: the close then hangs up every session it still has, one still connecting included (its KILL is never written,
+#: and the worker runs on for the grace). A connection that fails ends its wait sooner (ssh's ConnectTimeout).
+CLOSE_WAIT_S = CONNECT_WAIT_S
 
 
 def left_running(proc: Any) -> bool:
@@ -74,8 +76,8 @@ class Orphans:
 def _kill_once_connected(again: Any) -> None:
     # Once the new connection reached the wrapper (its STARTED line: ``_started``), not once the local ssh runs: a
     # KILL written before that waits in ssh's stdin while the connection sets up, and ``kill`` ends the client after
-    # the launcher's kill wait (1 s with ``disconnect_grace_s=1``), before the order arrived; on a loaded machine a
-    # connection took over 15 s, and the worker ran on for the grace.
+    # the launcher's ``kill_wait_s`` (1 s), before the order arrived; on a loaded machine a connection took over
+    # 15 s, and the worker ran on for the grace.
     deadline = time.monotonic() + CONNECT_WAIT_S
     while not again._started and again.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
