@@ -67,8 +67,22 @@ def test_a_host_discovery_reports_draining_keeps_the_count_it_had_when_ready() -
 def test_a_host_never_seen_ready_shows_no_slots_and_a_forgotten_host_keeps_no_count() -> None:
     sim = started(3, {"a": 1, "b": 1, "c": 2}, min_np=1)
     plane = _plane(sim)
-    sim.discover({"a": 1, "b": 1}, draining={"c": Drain(None, "Terminating"), "d": Drain(None, "Terminating")})  # d: from the first
+    leaving = Drain(None, "Terminating")
+    sim.discover({"a": 1, "b": 1}, draining={"c": leaving, "d": leaving})  # d: listed draining from the first
     assert _row(_status(plane), "d").slots == 0
     assert sim.job.hosts.slots_of("d") is None and sim.job.hosts.slots_of("c") == 2
     sim.discover({"a": 1, "b": 1})  # c and d leave discovery: forgotten, their counts with them
     assert sim.job.hosts.slots_of("c") is None and all(h.host not in ("c", "d") for h in _status(plane).hosts)
+
+
+def test_another_instance_at_a_draining_address_does_not_inherit_the_old_ones_slot_count() -> None:
+    from cloud_elastic.driver.job.hosts import Blacklist, HostManager
+    from cloud_elastic.providers.api import DiscoveredHosts
+
+    hosts = HostManager(Blacklist((1.0, 2.0)))
+    leaving = Drain(None, "Terminating")
+    hosts.update(DiscoveredHosts(ready={"c": 4}, instances={"c": "i-1"}))
+    hosts.update(DiscoveredHosts(ready={}, draining={"c": leaving}, instances={"c": "i-1"}))
+    assert hosts.slots_of("c") == 4
+    hosts.update(DiscoveredHosts(ready={}, draining={"c": leaving}, instances={"c": "i-2"}))  # a recycled address
+    assert hosts.slots_of("c") is None

@@ -313,6 +313,8 @@ class HostManager:
                 self.blacklist.forget_host(host)
                 self._given_back.pop(host, None)
                 self._heard.pop(host, None)  # its notice now lapses as usual, whatever the old one's watcher re-sent
+                if host not in self.ready:
+                    self._slots_seen.pop(host, None)  # the old instance's count is not the new one's
                 self._forget_resends(host)
         self.instances.update(snapshot.instances)
         self.sources.update(snapshot.sources)  # a missing host keeps its source and price until it is forgotten

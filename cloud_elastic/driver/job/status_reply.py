@@ -59,7 +59,8 @@ def status_reply(job: ElasticJob, config: JobConfig, *, provider: str, now: floa
 
     ``steps_per_s`` is rank 0's optimizer step rate as the driver measures it from heartbeats
     (:meth:`~cloud_elastic.metrics.StepRate.as_of`); None shows as unknown. A draining host shows its slots as
-    last seen ready (:meth:`~cloud_elastic.driver.job.hosts.HostManager.slots_of`), and at least the slots its live workers hold.
+    last seen ready (:meth:`~cloud_elastic.driver.job.hosts.HostManager.slots_of`), and at least the slots its
+    live workers hold.
     """
     held: dict[str, int] = {}  # host -> 1 + its highest slot a live worker holds
     for w in job.workers.values():
