@@ -399,7 +399,8 @@ class ShardedCheckpoints:
                 continue
             misfits.passed_over(ctx.worker_id, chosen.step)
             ctx.ledger.hold_commit(seq)
-            self._stored = Stored.loaded(state, seq, info.local_rank == 0, self._mark)  # a resume training nothing writes nothing
+            # What it holds: a resume that trains nothing writes nothing at its end.
+            self._stored = Stored.loaded(state, seq, info.local_rank == 0, self._mark)
             ctx.loaded_commit = seq  # held by a load, which fits any FSDP-unit layout: no say in the job's layout
             log.info("worker %s: loaded its shards of the checkpoint of step %d (written by %s workers a host) from "
                      "%s in %.2fs", ctx.worker_id, chosen.step, chosen.shard_count, chosen.url,

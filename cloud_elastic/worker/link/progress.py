@@ -47,7 +47,9 @@ RECENT_STEPS = 16
 
 
 class Progress:
-    """One worker's progress counter (thread-safe enough: increments from one thread, reads from another)."""
+    """One worker's progress counter (thread-safe enough: increments from the training thread and, for a digest
+    pass, a checkpoint writer's; reads from another. A lost increment or one read out of order only changes the
+    count, and the driver asks only whether it changed)."""
 
     def __init__(self) -> None:
         self.count = 0
