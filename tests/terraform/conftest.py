@@ -28,7 +28,7 @@ def copy_tree(dest: Path) -> Tree:
 def unavailable(reason: str, what: str = "cli") -> None:
     """Skip with ``reason``, or fail when CLOUD_ELASTIC_REQUIRE_TERRAFORM asks for ``what``."""
     if required(what):
-        pytest.fail(f"{reason} (and {REQUIRE_ENV} requires it)")
+        pytest.fail(f"{reason} (and CI or {REQUIRE_ENV} requires it)")
     pytest.skip(reason)
 
 
