@@ -135,15 +135,21 @@ def test_a_sigterm_the_dead_driver_let_the_worker_stay_for_is_in_its_adopt_reque
     assert AdoptRequest.from_wire(adopt).sigterm_deadline == deadline
 
 
-def test_a_restarted_driver_drains_the_host_of_a_sigterm_its_predecessor_took_once_the_window_closes() -> None:
+def restarted_job(clock: Any) -> tuple[ElasticJob, JobCondition, ControlPlane]:
+    """A restarted driver's job of two slots, its lock and its control plane, as the driver builds them."""
     job = ElasticJob(Policy(2, 1, 2, checkpointing=True), HostManager(Blacklist((10.0, 300.0), random.Random(0))),
                      job_id="t", resumed=True)
     job.start(0.0)
     cond = JobCondition()
     cond.watch(job)
     plane = ControlPlane(job, cond, JobConfig(command=("python", "train.py"), num_proc=2, min_np=1, max_np=2),
-                         sinks=SimpleNamespace(sink=None, metrics=None), clock=lambda: 1.0,
+                         sinks=SimpleNamespace(sink=None, metrics=None), clock=clock,
                          stop=lambda reason, code: None, record_events=lambda: None)
+    return job, cond, plane
+
+
+def test_a_restarted_driver_drains_the_host_of_a_sigterm_its_predecessor_took_once_the_window_closes() -> None:
+    job, cond, plane = restarted_job(lambda: 1.0)
     workers = tuple(AdoptedWorker(wid, host, 0, seq, {}) for wid, host, seq in (("a[0]#1", "a", 1), (WORKER, "b", 2)))
     record = AdoptionRecord("t", "", "127.0.0.1", "127.0.0.1", 1, 2, 60.0, 2, workers, SECRET)
     window = AdoptionWindow(record, job, cond, rules=plane.by_rules, clock=lambda: 1.0, started_at=0.0,

@@ -32,6 +32,7 @@ from typing import Any, Callable
 
 from cloud_elastic.driver.job.hosts import Slot
 from cloud_elastic.driver.launch.api import Launcher, WorkerProcess, WorkerSpec
+from cloud_elastic.driver.launch.local import process_start_time
 from cloud_elastic.driver.net.control_server import Held
 from cloud_elastic.driver.restart.record import (AdoptedLocalProcess, AdoptedWorker, AdoptionRecord, exit_reports,
                                                  recorded_exits)
@@ -102,18 +103,22 @@ class AdoptionWindow:
 
         The deadline counts from the driver's start, as the workers re-register while the driver
         starts; but it is never less than a heartbeat timeout from now, so a slow start on a loaded
-        machine does not leave a worker that is on its way no time.
+        machine does not leave a worker that is on its way no time. A local worker whose process had
+        already ended when the wait began (the machine rebooted, the worker died with its driver) is not
+        waited for: it cannot come back.
         """
         window = max(2 * self._heartbeat_timeout_s, 3.0)
         deadline = max(self._started_at + window, self._clock() + self._heartbeat_timeout_s)
-        expected = {w.worker_id for w in self.record.workers}
+        ended = ended_locally(self.record.workers)
+        expected = {w.worker_id for w in self.record.workers} - ended.keys()
         with self._cond:
             self._cond.wait_for(lambda: stopped() or expected <= set(self._job.workers),
                                 max(0.0, deadline - self._clock()))
             missing = tuple(w for w in self.record.workers if w.worker_id not in self._job.workers)
             waited = self._clock() - self._started_at
-            self._job.end_adoption(self._clock(), {w.worker_id: f"did not re-register within {waited:.0f}s"
-                                                   for w in missing})
+            self._job.end_adoption(self._clock(), {
+                w.worker_id: f"its process (pid {ended[w.worker_id]}) had ended before this driver started"
+                if w.worker_id in ended else f"did not re-register within {waited:.0f}s" for w in missing})
             adopted = tuple(w for w in self.record.workers if w.worker_id in self._job.workers)
         return WindowClosed(adopted, missing, self._adopted_at - self._started_at)
 
@@ -219,6 +224,24 @@ class AdoptionWindow:
             self._sigterms.append(notice)
         else:  # adopted again after the window closed (its first reply was lost): the rules take it now
             self._rules("notice", notice)
+
+
+def ended_locally(workers: tuple[AdoptedWorker, ...]) -> dict[str, int]:
+    """Worker id -> pid of each local worker of ``workers`` whose process no longer runs (no process of that pid, or
+    another one started since: its recorded start time differs)."""
+    ended = {}
+    for worker in workers:
+        handle = worker.handle
+        if handle.get("kind") != "local":
+            continue
+        try:
+            pid, start = int(handle["pid"]), handle.get("start")
+            started = process_start_time(pid)
+            if started is None or (start is not None and started != int(start)):
+                ended[worker.worker_id] = pid
+        except (KeyError, TypeError, ValueError):
+            continue  # a handle it cannot read: waited for as before
+    return ended
 
 
 def adopted_process(worker: AdoptedWorker, spec: WorkerSpec, launcher_for: Callable[[str], Launcher],
