@@ -52,4 +52,4 @@ def test_a_local_worker_whose_process_ended_is_not_waited_for_and_is_named(gone)
     assert [w.worker_id for w in closed.missing] == ["b[0]#2"]
     # Rank 1 cannot come back: the adopted round is incomplete, and the reason names why.
     assert job.last_failure == (f"round 1 is incomplete after the driver restart (not back: b[0]#2 its process "
-                                f"(pid {pid}) had ended before this driver started)"), job.last_failure
+                                f"(pid {pid}) had ended when the window's wait began)"), job.last_failure

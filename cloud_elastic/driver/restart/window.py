@@ -27,6 +27,7 @@ and exit.
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -117,7 +118,7 @@ class AdoptionWindow:
             missing = tuple(w for w in self.record.workers if w.worker_id not in self._job.workers)
             waited = self._clock() - self._started_at
             self._job.end_adoption(self._clock(), {
-                w.worker_id: f"its process (pid {ended[w.worker_id]}) had ended before this driver started"
+                w.worker_id: f"its process (pid {ended[w.worker_id]}) had ended when the window's wait began"
                 if w.worker_id in ended else f"did not re-register within {waited:.0f}s" for w in missing})
             adopted = tuple(w for w in self.record.workers if w.worker_id in self._job.workers)
         return WindowClosed(adopted, missing, self._adopted_at - self._started_at)
@@ -228,7 +229,10 @@ class AdoptionWindow:
 
 def ended_locally(workers: tuple[AdoptedWorker, ...]) -> dict[str, int]:
     """Worker id -> pid of each local worker of ``workers`` whose process no longer runs (no process of that pid, or
-    another one started since: its recorded start time differs)."""
+    another one started since: its recorded start time differs). None where ``/proc`` cannot tell (not Linux): the
+    window waits for them as before."""
+    if not os.path.exists("/proc/self/stat"):
+        return {}
     ended = {}
     for worker in workers:
         handle = worker.handle
