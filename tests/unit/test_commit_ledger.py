@@ -7,6 +7,7 @@ Standalone mode (rank 0 of 1), as a script run with plain ``python`` gets.
 from __future__ import annotations
 
 import logging
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -106,6 +107,15 @@ def test_a_job_gets_the_durable_schedule_its_training_needs(tmp_path):
     assert isinstance(open_schedule(_ctx(tmp_path, host_group=object())), ShardedCheckpoints)  # hvd.shard
     assert open_schedule(_ctx(tmp_path, checkpoint_dir=False)) is None  # no --checkpoint-dir
     assert open_schedule(_ctx(tmp_path, standalone=True)) is None  # plain python: no driver to resume from it
+
+
+def test_a_job_without_checkpoints_does_not_load_the_checkpoint_code(tmp_path, monkeypatch):
+    # Every worker opens its schedule as it starts; without --checkpoint-dir it must not pay for importing the
+    # checkpoint package (a tenth of a short job's forked worker). None in sys.modules makes an import fail.
+    monkeypatch.setitem(sys.modules, "cloud_elastic.worker.durable.rank_zero", None)
+    assert open_schedule(_ctx(tmp_path, checkpoint_dir=False)) is None
+    with pytest.raises(ImportError):  # what the import would have met: the test can see it
+        open_schedule(_ctx(tmp_path))
 
 
 def test_checkpoint_storage_imports_nothing_of_the_worker():

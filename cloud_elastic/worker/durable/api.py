@@ -62,9 +62,10 @@ def open_schedule(ctx: WorkerContext) -> DurableSchedule | None:
     Rank 0 writes a replica's checkpoints; with ``hvd.shard`` (the host's group
     formed before ``elastic.run``), the workers of rank 0's host write theirs together.
     """
-    if ctx.standalone:
+    if ctx.standalone or not ctx.settings.checkpoint_dir:
         return None
-    # Imported here: a job without checkpoints never loads the checkpoint package.
+    # Imported here: a job without checkpoints never loads the checkpoint package (nor torch.serialization's
+    # helpers): a tenth of the CPU a worker forked for a short job used, at every start.
     from cloud_elastic.worker.durable.rank_zero import DurableSettings, RankZeroCheckpoints
 
     settings = DurableSettings.from_settings(ctx.settings)
