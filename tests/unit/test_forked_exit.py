@@ -68,3 +68,28 @@ def test_a_forked_worker_ends_with_what_python_script_would_have_given(tmp_path,
                           "interrupt": "KeyboardInterrupt", "huge": ""}[ending]
     assert written == "kept " * 1000
 
+
+
+def test_a_forked_worker_leaves_out_only_torchs_operator_teardown_at_exit():
+    # torch's ~170 operator-library finalizers only take its operators out of the dispatcher's tables, which the
+    # process's end drops anyway; run in a forked worker they copied the pages it shares with the server. A
+    # script's own finalizers still run at exit (the test above: its hooks and its unflushed file).
+    import weakref
+
+    import torch.library
+
+    from cloud_elastic.driver.launch.forkserver_child import _skip_torchs_operator_teardown
+
+    kept = type("Kept", (), {})()
+    mine = weakref.finalize(kept, print, "the script's finalizer")
+    torchs = [f for f in list(weakref.finalize._registry)
+              if f.atexit and (found := f.peek()) is not None and found[1] is torch.library._del_library]
+    assert len(torchs) > 10  # registered as torch imports: what a forked worker would run at its exit
+    try:
+        _skip_torchs_operator_teardown()
+        assert not any(f.atexit for f in torchs)
+        assert mine.atexit
+    finally:
+        for f in torchs:
+            f.atexit = True
+        mine.detach()

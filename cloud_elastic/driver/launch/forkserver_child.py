@@ -278,7 +278,8 @@ def _end_as_the_interpreter_would(run: Any) -> NoReturn:
     each before freeing it, 0.29 s of CPU and about 190 MB of copied pages per worker (47,800 page faults;
     ``os._exit`` after the same steps: 0.01 s, 350). What it leaves out: finalizers (``__del__``, weak
     reference callbacks not registered with ``atexit``) of objects still alive at exit do not run, as in a
-    process ``multiprocessing`` forks. A script that needs them runs with ``CLOUD_ELASTIC_LOCAL_FORKSERVER=0``.
+    process ``multiprocessing`` forks, and neither do torch's own operator-library finalizers
+    (:func:`_skip_torchs_operator_teardown`). A script that needs them runs with ``CLOUD_ELASTIC_LOCAL_FORKSERVER=0``.
     """
     code = 1
     try:
@@ -295,6 +296,7 @@ def _end_as_the_interpreter_would(run: Any) -> NoReturn:
             threading._shutdown()  # type: ignore[attr-defined]  # the interpreter's first step at exit
         except BaseException as exc:  # noqa: BLE001 (Ctrl-C while a thread is joined: the hooks still run)
             print(f"cloud-elastic: while waiting for the script's threads at exit: {exc!r}", file=sys.stderr)
+        _skip_torchs_operator_teardown()
         atexit._run_exitfuncs()
         from cloud_elastic.worker.exiting import _flush_files
 
@@ -307,6 +309,30 @@ def _end_as_the_interpreter_would(run: Any) -> NoReturn:
             os.kill(os.getpid(), signal.SIGINT)
             code = 128 + signal.SIGINT  # SIGINT ignored by whoever started us: the status a shell would show
         os._exit(code)
+
+
+def _skip_torchs_operator_teardown() -> None:
+    """Keep torch's operator-library finalizers from running at this worker's exit; every other one still runs.
+
+    torch registers a ``weakref.finalize`` with ``atexit`` for each operator library it creates
+    (``torch.library._del_library``: about 170 once ``torch._dynamo`` is imported), which takes the library's
+    operators out of the dispatcher's tables: teardown of the process's own state, which ``os._exit`` ends
+    anyway, and nothing a script can see. In a worker forked from this server the tables are pages shared with
+    it, so running them copied those pages: a sixth of the CPU of a worker of a short job, at every exit.
+    """
+    library = sys.modules.get("torch.library")  # never imported here: a script without torch has none of them
+    if library is None:
+        return
+    try:
+        import weakref
+
+        _del_library = library._del_library
+        for finalizer in list(weakref.finalize._registry):  # type: ignore[attr-defined]
+            found = finalizer.peek()
+            if found is not None and found[1] is _del_library:
+                finalizer.atexit = False
+    except Exception:  # noqa: BLE001 (another torch or Python: its finalizers run, as before)
+        pass
 
 
 def _exit_code(arg: Any) -> int:
