@@ -124,3 +124,33 @@ def test_every_ray_test_file_runs_in_exactly_one_of_the_two_ray_lanes():
     for rel in run_tests.RAY_JOB_FILES:
         assert (REPO / rel).is_file() and rel in ray_jobs.paths and f"--ignore={rel}" in ray.paths
     assert all(p.startswith("tests/ray/") for p in ray_jobs.paths) and "tests/ray" in ray.paths
+
+
+def test_the_preparation_collects_every_lanes_directory_once():
+    prepared = [*run_tests.PREPARED[0], *run_tests.PREPARED[1]]
+    in_lanes = {p for lane in run_tests.lanes() for p in lane.paths if p.startswith("tests/") and p.count("/") == 1}
+    assert sorted(prepared) == sorted(in_lanes)
+
+
+def test_the_preparation_is_needed_until_every_test_module_has_its_rewritten_bytecode_newer_than_its_source(
+        tmp_path, monkeypatch):
+    import os
+
+    monkeypatch.setattr(run_tests, "REPO", tmp_path)
+    monkeypatch.setattr(run_tests, "PREPARED", (("tests/unit",), ("tests/ssh",)))
+    unit, ssh = tmp_path / "tests" / "unit", tmp_path / "tests" / "ssh"
+    for directory in (unit, ssh):
+        (directory / "__pycache__").mkdir(parents=True)
+    (unit / "helper.py").write_text("")  # not a test module: pytest does not rewrite it
+    for path in (unit / "test_a.py", unit / "conftest.py", ssh / "test_b.py"):
+        path.write_text("def test(): pass\n")
+    tag = sys.implementation.cache_tag
+    assert not run_tests.rewrites_cached()  # a fresh clone
+    for path in (unit / "test_a.py", unit / "conftest.py", ssh / "test_b.py"):
+        (path.parent / "__pycache__" / f"{path.stem}.{tag}-pytest-9.2.0.pyc").write_bytes(b"")
+    assert run_tests.rewrites_cached()
+    os.utime(ssh / "test_b.py", (2e9, 2e9))  # edited since
+    assert not run_tests.rewrites_cached()
+    started = []
+    monkeypatch.setattr(run_tests.subprocess, "Popen", lambda *a, **k: started.append(a))
+    assert run_tests.prepare(["tests/unit/test_a.py"]) == 0 and not started  # picked tests: plain pytest, no collection
