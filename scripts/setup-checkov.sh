@@ -28,6 +28,7 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 log "installing $SPEC into $VENV (a minute or two the first time)"
 bash scripts/pip-install.sh "$VENV" "$SPEC"
-"$VENV/bin/checkov" --version >/dev/null
+# Once: checkov imports most of itself even for --version (5-6 CPU-seconds of a fresh clone's set-up).
+version=$("$VENV/bin/checkov" --version)
 echo "$SPEC" > "$STAMP"
-log "installed checkov $("$VENV/bin/checkov" --version)"
+log "installed checkov $version"
