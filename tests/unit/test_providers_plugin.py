@@ -34,3 +34,23 @@ def test_a_half_written_file_is_retryable_and_a_wrong_shape_is_fatal(tmp_path):
         _hostsfile(tmp_path, '["a", "b"]').find()
     with pytest.raises(FatalDiscoveryError, match="invalid slot count"):
         _hostsfile(tmp_path, '{"ready": {"a": 0}}').find()
+
+
+def test_the_shipped_providers_are_the_entry_points_pyproject_registers():
+    import tomllib
+    from pathlib import Path
+
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
+    assert registry.SHIPPED == pyproject["project"]["entry-points"][registry.ENTRY_POINT_GROUP]
+    assert set(registry.SHIPPED) <= set(registry._entry_points())  # installed as entry points too
+
+
+def test_a_shipped_provider_loads_without_reading_any_package_metadata_and_a_plugin_through_its_entry_point(
+        monkeypatch):
+    real = registry._entry_points
+    scans = []
+    monkeypatch.setattr(registry, "_entry_points", lambda: scans.append(1) or real())
+    assert registry.load("static").__name__ == "StaticHosts" and not scans
+    assert registry.load("hostsfile").__module__ == "cloud_elastic_hostsfile" and scans
+    with pytest.raises(Exception, match=r"unknown discovery provider 'nope'; installed: aws, azure, .*hostsfile"):
+        registry.load("nope")
