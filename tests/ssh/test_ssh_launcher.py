@@ -92,6 +92,9 @@ def test_secret_is_on_stdin_never_on_a_command_line_nor_in_an_environment(launch
 def test_output_is_forwarded_line_by_line(launcher, marker):
     proc, out = start(launcher, REMOTE, marker, "lines", "500")
     assert wait_exit(proc).code == 0
+    # Every line, in order. Not necessarily all before the exit is told: it waits for the output at most 2 s after
+    # the last line read (a clean-clone run on two busy cores had 499 then); the tests below hold it to the order.
+    wait_until(lambda: sum(line.startswith("line ") for line in out.lines) >= 500, 10, "all 500 lines")
     assert [line for line in out.lines if line.startswith("line ")] == [f"line {i}" for i in range(500)]
 
 
