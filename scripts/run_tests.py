@@ -31,6 +31,10 @@ Arguments:
   alone, in the foreground, exactly as ``./dev test ARGS`` did before lanes;
 - ``CLOUD_ELASTIC_TEST_LANES=serial`` runs the whole suite as one plain pytest
   (the old ``./dev test``).
+
+Every mode runs with ``OMP_NUM_THREADS=1`` unless it is set (see :func:`main`). ``--prepare`` (first, followed by
+the run's arguments) is what ``./dev test`` runs before the tests: it collects a fresh clone's tests once and runs
+none (:func:`prepare`).
 """
 
 from __future__ import annotations
@@ -173,10 +177,6 @@ def _pump(lane: Lane, width: int) -> None:
 def run_lanes(chosen: list[Lane], user_args: list[str]) -> int:
     width = max(len(lane.name) for lane in chosen) + 2
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    # One intra-op thread per process, as the driver gives the jobs' workers, unless the caller set it: the test
-    # processes that compute with torch in-process (and Ray's and Spark's workers) share two cores with a dozen others,
-    # and OpenMP's second thread only spun there (8 % of tests/unit's CPU at -n 2 on an otherwise idle machine).
-    env.setdefault("OMP_NUM_THREADS", "1")
     pumps: dict[str, threading.Thread] = {}
     by_name = {lane.name: lane for lane in chosen}
 
@@ -245,42 +245,57 @@ def report(chosen: list[Lane]) -> int:
     return 1 if failed_lanes or failed else 0
 
 
-#: What :func:`prepare` collects, in two processes side by side: every lane's directories.
+#: The lanes' directories, in the two halves :func:`prepare` collects side by side.
 PREPARED = (("tests/terraform", "tests/contract", "tests/unit", "tests/emulator", "tests/kubernetes"),
             ("tests/integration", "tests/chaos", "tests/ssh", "tests/ray", "tests/spark"))
+#: Below this many stale test modules the lanes rewrite them themselves: a collection would import every lane's
+#: dependencies (torch, Ray, PySpark, the cloud SDKs) for a few files an edit or a pull changed.
+PREPARE_AT_LEAST = 50
+#: How long the two collections of :func:`prepare` may take together.
+PREPARE_TIMEOUT_S = 300.0
 
 
-def rewrites_cached() -> bool:
-    """Whether every test module (and conftest) of the lanes has pytest's rewritten bytecode cached, newer than its
-    source."""
-    tag = sys.implementation.cache_tag
+def stale_rewrites() -> list[Path]:
+    """The lanes' test modules (and conftests) without pytest's rewritten bytecode cached for this pytest, or with
+    one older than their source."""
+    import pytest  # the cache's name carries pytest's version: another pytest's rewrites are not used
+
+    tag = f"{sys.implementation.cache_tag}-pytest-{pytest.__version__}"
+    stale = []
     for path in (p for directory in (*PREPARED[0], *PREPARED[1]) for p in (REPO / directory).rglob("*.py")):
         if not path.name.startswith("test_") and path.name != "conftest.py":
             continue
-        cached = list(path.parent.glob(f"__pycache__/{path.stem}.{tag}-pytest-*.pyc"))
-        if not cached or max(c.stat().st_mtime for c in cached) < path.stat().st_mtime:
-            return False
-    return True
+        cached = path.parent / "__pycache__" / f"{path.stem}.{tag}.pyc"
+        if not cached.exists() or cached.stat().st_mtime < path.stat().st_mtime:
+            stale.append(path)
+    return stale
+
+
+def plain_pytest(argv: list[str]) -> bool:
+    """Whether the arguments mean plain pytest rather than the lanes (tests named, or the serial setting)."""
+    return picks_tests(argv) or os.environ.get("CLOUD_ELASTIC_TEST_LANES") == "serial"
 
 
 def prepare(argv: list[str]) -> int:
-    """``--prepare``: before a whole run, collect every lane's tests once, so that the lanes find their modules'
-    rewritten bytecode cached; ``./dev test`` runs it while the test tools still install.
+    """``--prepare`` (what ``./dev test`` runs first, while the test tools still install): when a whole run is to
+    come and at least :data:`PREPARE_AT_LEAST` test modules have no rewritten bytecode cached (a fresh clone),
+    collect every lane's tests once, so that the lanes find them cached.
 
     pytest rewrites the asserts of each test module the first time a process imports it and caches the result in
     ``__pycache__``. In a fresh clone the lanes' dozen xdist workers start at once and each rewrote every module of
-    its lane: a worker of the fast lane collected in 14.6 CPU-seconds instead of 5.5, about 50 CPU-seconds over a run
-    on two cores that the lanes then did not have. Nothing is collected when the cache is fresh, or when the
-    arguments pick tests (plain pytest then). A failure here is left for the run itself to show.
+    its lane: a worker of the fast lane collected in 14.6 CPU-seconds instead of 5.5 (the two collections here take
+    about 23). Nothing is collected for a few stale modules, or when the arguments pick tests. A failure here is left
+    for the run itself to show.
     """
-    if picks_tests(argv) or os.environ.get("CLOUD_ELASTIC_TEST_LANES") == "serial" or rewrites_cached():
+    if plain_pytest(argv) or len(stale_rewrites()) < PREPARE_AT_LEAST:
         return 0
     procs = [subprocess.Popen([sys.executable, *BASE, "--collect-only", "-q", *paths], cwd=REPO,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
              for paths in PREPARED]
+    deadline = time.monotonic() + PREPARE_TIMEOUT_S
     for proc in procs:
         try:
-            proc.wait(300)
+            proc.wait(max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
@@ -289,9 +304,14 @@ def prepare(argv: list[str]) -> int:
 
 def main(argv: list[str]) -> int:
     os.chdir(REPO)
+    # One intra-op thread per test process, as the driver gives the jobs' workers, unless the caller set it: the test
+    # processes that compute with torch in-process (and Ray's and Spark's workers) share two cores with a dozen others,
+    # and OpenMP's second thread only spun there (8 % of tests/unit's CPU at -n 2 on an otherwise idle machine; a whole
+    # clean-clone run: 1,742 CPU-seconds before, 1,418 after, with the collection of --prepare and two small cuts).
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
     if argv[:1] == ["--prepare"]:
         return prepare(argv[1:])
-    if picks_tests(argv) or os.environ.get("CLOUD_ELASTIC_TEST_LANES") == "serial":
+    if plain_pytest(argv):
         os.execv(sys.executable, [sys.executable, *BASE, *argv])
     # Four fast workers, not three: the fast lane is CPU-bound and the jobs lane mostly waits, but on two cores the
     # kernel shares the CPU by runnable process, and the job tests' drivers and workers took most of it: the fast lane

@@ -132,25 +132,44 @@ def test_the_preparation_collects_every_lanes_directory_once():
     assert sorted(prepared) == sorted(in_lanes)
 
 
-def test_the_preparation_is_needed_until_every_test_module_has_its_rewritten_bytecode_newer_than_its_source(
-        tmp_path, monkeypatch):
+def test_a_fresh_clone_is_collected_once_before_the_lanes_and_an_edit_or_named_tests_are_not(tmp_path, monkeypatch):
     import os
+
+    import pytest
 
     monkeypatch.setattr(run_tests, "REPO", tmp_path)
     monkeypatch.setattr(run_tests, "PREPARED", (("tests/unit",), ("tests/ssh",)))
+    monkeypatch.setattr(run_tests, "PREPARE_AT_LEAST", 3)
     unit, ssh = tmp_path / "tests" / "unit", tmp_path / "tests" / "ssh"
     for directory in (unit, ssh):
         (directory / "__pycache__").mkdir(parents=True)
     (unit / "helper.py").write_text("")  # not a test module: pytest does not rewrite it
-    for path in (unit / "test_a.py", unit / "conftest.py", ssh / "test_b.py"):
+    modules = (unit / "test_a.py", unit / "conftest.py", ssh / "test_b.py")
+    for path in modules:
         path.write_text("def test(): pass\n")
-    tag = sys.implementation.cache_tag
-    assert not run_tests.rewrites_cached()  # a fresh clone
-    for path in (unit / "test_a.py", unit / "conftest.py", ssh / "test_b.py"):
-        (path.parent / "__pycache__" / f"{path.stem}.{tag}-pytest-9.2.0.pyc").write_bytes(b"")
-    assert run_tests.rewrites_cached()
-    os.utime(ssh / "test_b.py", (2e9, 2e9))  # edited since
-    assert not run_tests.rewrites_cached()
     started = []
-    monkeypatch.setattr(run_tests.subprocess, "Popen", lambda *a, **k: started.append(a))
-    assert run_tests.prepare(["tests/unit/test_a.py"]) == 0 and not started  # picked tests: plain pytest, no collection
+
+    class Collection:
+        def __init__(self, argv, **kwargs):
+            started.append(argv[argv.index("--collect-only"):])
+
+        def wait(self, timeout):
+            return 0
+
+    monkeypatch.setattr(run_tests.subprocess, "Popen", Collection)
+    assert sorted(run_tests.stale_rewrites()) == sorted(modules)  # a fresh clone
+    assert run_tests.prepare(["tests/unit/test_a.py"]) == 0 and not started  # named tests: plain pytest
+    assert run_tests.prepare(["-x"]) == 0
+    assert started == [["--collect-only", "-q", "tests/unit"], ["--collect-only", "-q", "tests/ssh"]]
+
+    tag = f"{sys.implementation.cache_tag}-pytest-{pytest.__version__}"
+    for path in modules:
+        (path.parent / "__pycache__" / f"{path.stem}.{sys.implementation.cache_tag}-pytest-0.1.pyc").write_bytes(b"")
+    assert len(run_tests.stale_rewrites()) == 3  # another pytest's rewrites are not used
+    for path in modules:
+        (path.parent / "__pycache__" / f"{path.stem}.{tag}.pyc").write_bytes(b"")
+    assert run_tests.stale_rewrites() == []
+    os.utime(ssh / "test_b.py", (2e9, 2e9))  # edited since
+    assert run_tests.stale_rewrites() == [ssh / "test_b.py"]
+    started.clear()
+    assert run_tests.prepare([]) == 0 and not started  # one stale module: the lanes rewrite it themselves
