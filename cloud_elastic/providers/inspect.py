@@ -28,9 +28,7 @@ def list_providers(out: TextIO) -> None:
     hiding the others.
     """
     names = registry.available()
-    if not names:
-        out.write("no discovery providers installed (is cloud-elastic installed with pip?)\n")
-        return
+    shadowed = registry.shadowed()
     for name in names:
         try:
             cls = registry.load(name)
@@ -38,6 +36,8 @@ def list_providers(out: TextIO) -> None:
             out.write(f"{name}\n    cannot be loaded: {exc}\n\n")
             continue
         out.write(f"{name}\n    {cls.description or '(no description)'}\n")
+        for target in shadowed.get(name, ()):  # a plugin that took a built-in's name: it would never run
+            out.write(f"    not used: the entry point {name} = {target} (a built-in provider's name)\n")
         missing = [m for m in getattr(cls, "requires", ()) if not _installed(m)]
         if missing:
             extra = getattr(cls, "extra", name)

@@ -11,7 +11,7 @@ driver's start-up CPU), and loads any other name through its entry point, as a p
 
 from __future__ import annotations
 
-import importlib
+import pkgutil
 from typing import TYPE_CHECKING, Any
 
 from cloud_elastic.errors import ConfigError
@@ -20,7 +20,7 @@ from cloud_elastic.providers.api import HostDiscovery
 if TYPE_CHECKING:
     from importlib import metadata
 
-__all__ = ["ENTRY_POINT_GROUP", "SHIPPED", "available", "load"]
+__all__ = ["ENTRY_POINT_GROUP", "SHIPPED", "available", "load", "shadowed"]
 
 ENTRY_POINT_GROUP = "cloud_elastic.providers"
 
@@ -43,14 +43,25 @@ class _Shipped:
         self.value = value
 
     def load(self) -> Any:
-        module, _, attr = self.value.partition(":")
-        return getattr(importlib.import_module(module), attr)
+        return pkgutil.resolve_name(self.value)
 
 
-def _entry_points() -> dict[str, "metadata.EntryPoint"]:
+def _entry_points() -> dict[str, metadata.EntryPoint]:
     from importlib import metadata
 
     return {ep.name: ep for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def shadowed() -> dict[str, list[str]]:
+    """Installed entry points that take a shipped provider's name but lead elsewhere (a plugin's): shipped name ->
+    their targets. They are never loaded: :func:`load` gives the shipped provider."""
+    from importlib import metadata
+
+    found: dict[str, list[str]] = {}
+    for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name in SHIPPED and ep.value != SHIPPED[ep.name]:
+            found.setdefault(ep.name, []).append(ep.value)
+    return found
 
 
 def available() -> list[str]:

@@ -301,7 +301,7 @@ def build_discovery(args: DiscoveryArgs) -> "HostDiscovery":
     Several groups, or any ``--source``, build a
     :class:`~cloud_elastic.providers.multi.MultiSourceDiscovery` (:func:`build_sources`).
     """
-    # Imported here, not at the top: --help and completion never need importlib.metadata.
+    # Imported here, not at the top: --help needs no provider table.
     from cloud_elastic.providers import registry
     from cloud_elastic.providers.addressmap import AddressMappedDiscovery, parse_address_map
 

@@ -115,3 +115,18 @@ def test_the_discover_command_gives_up_at_the_discovery_timeout_it_was_given():
             env={**os.environ, "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "x"})
     assert result.returncode == 1, result.stderr
     assert "gave no answer within 1.5s (--discovery-timeout 1.5s)" in result.stderr, result.stderr
+
+
+def test_a_plugin_entry_point_that_takes_a_built_in_name_is_listed_as_not_used(monkeypatch):
+    from importlib import metadata
+
+    from cloud_elastic.providers import registry
+
+    real = metadata.entry_points
+    theirs = metadata.EntryPoint("kubernetes", "their_plugin:Pods", registry.ENTRY_POINT_GROUP)
+    monkeypatch.setattr(metadata, "entry_points", lambda **kw: [*real(**kw), theirs])
+    assert registry.shadowed() == {"kubernetes": ["their_plugin:Pods"]}
+    assert registry.load("kubernetes").__module__ == "cloud_elastic.providers.kubernetes"  # the built-in, always
+    out = io.StringIO()
+    list_providers(out)
+    assert "\n    not used: the entry point kubernetes = their_plugin:Pods (a built-in provider's name)\n" in out.getvalue()

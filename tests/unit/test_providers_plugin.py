@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from cloud_elastic.errors import FatalDiscoveryError, RetryableDiscoveryError
+from cloud_elastic.errors import ConfigError, FatalDiscoveryError, RetryableDiscoveryError
 from cloud_elastic.providers import registry
 from cloud_elastic.providers.api import DiscoveredHosts, Drain
 
@@ -52,5 +52,5 @@ def test_a_shipped_provider_loads_without_reading_any_package_metadata_and_a_plu
     monkeypatch.setattr(registry, "_entry_points", lambda: scans.append(1) or real())
     assert registry.load("static").__name__ == "StaticHosts" and not scans
     assert registry.load("hostsfile").__module__ == "cloud_elastic_hostsfile" and scans
-    with pytest.raises(Exception, match=r"unknown discovery provider 'nope'; installed: aws, azure, .*hostsfile"):
+    with pytest.raises(ConfigError, match=r"unknown discovery provider 'nope'; installed: aws, azure, .*hostsfile"):
         registry.load("nope")
