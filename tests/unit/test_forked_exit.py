@@ -70,26 +70,32 @@ def test_a_forked_worker_ends_with_what_python_script_would_have_given(tmp_path,
 
 
 
-def test_a_forked_worker_leaves_out_only_torchs_operator_teardown_at_exit():
+# Registers two finalizers run at exit: one as torch registers its operator libraries' (``torch.library._del_library``,
+# faked here: the test needs no torch import) and the script's own.
+_FINALIZERS = """
+import sys, types, weakref
+library = sys.modules.setdefault("torch.library", types.ModuleType("torch.library"))
+def _del_library(*args):
+    print("torch's operator teardown", flush=True)
+library._del_library = _del_library
+class Held: pass
+held = [Held(), Held()]
+weakref.finalize(held[0], library._del_library)
+weakref.finalize(held[1], lambda: print("the script's finalizer", flush=True))
+print("main done", flush=True)
+"""
+
+
+def test_a_forked_worker_leaves_out_only_torchs_operator_teardown_at_exit(tmp_path):
     # torch's ~170 operator-library finalizers only take its operators out of the dispatcher's tables, which the
-    # process's end drops anyway; run in a forked worker they copied the pages it shares with the server. A
-    # script's own finalizers still run at exit (the test above: its hooks and its unflushed file).
-    import weakref
-
-    import torch.library
-
-    from cloud_elastic.driver.launch.forkserver_child import _skip_torchs_operator_teardown
-
-    kept = type("Kept", (), {})()
-    mine = weakref.finalize(kept, print, "the script's finalizer")
-    torchs = [f for f in list(weakref.finalize._registry)
-              if f.atexit and (found := f.peek()) is not None and found[1] is torch.library._del_library]
-    assert len(torchs) > 10  # registered as torch imports: what a forked worker would run at its exit
-    try:
-        _skip_torchs_operator_teardown()
-        assert not any(f.atexit for f in torchs)
-        assert mine.atexit
-    finally:
-        for f in torchs:
-            f.atexit = True
-        mine.detach()
+    # process's end drops anyway; run in a forked worker they copied the pages it shares with the server (40 ms a
+    # worker). A script's own finalizers still run at its exit.
+    (tmp_path / "script.py").write_text(_FINALIZERS)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    plain = subprocess.run([sys.executable, "script.py"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                           timeout=60)
+    forked = subprocess.run([sys.executable, "-c", _FORKED, json.dumps({"script": "script.py", "args": []})],
+                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert (plain.returncode, forked.returncode) == (0, 0), (plain.stderr, forked.stderr)
+    assert sorted(plain.stdout.splitlines()) == ["main done", "the script's finalizer", "torch's operator teardown"]
+    assert forked.stdout.splitlines() == ["main done", "the script's finalizer"]
