@@ -110,8 +110,8 @@ def test_a_job_gets_the_durable_schedule_its_training_needs(tmp_path):
 
 
 def test_a_job_without_checkpoints_does_not_load_the_checkpoint_code(tmp_path, monkeypatch):
-    # Every worker opens its schedule as it starts; without --checkpoint-dir it must not pay for importing the
-    # checkpoint package (a tenth of a short job's forked worker). None in sys.modules makes an import fail.
+    # Every worker opens its schedule as it starts; without --checkpoint-dir it must not import the checkpoint
+    # package. None in sys.modules makes an import fail.
     monkeypatch.setitem(sys.modules, "cloud_elastic.worker.durable.rank_zero", None)
     assert open_schedule(_ctx(tmp_path, checkpoint_dir=False)) is None
     with pytest.raises(ImportError):  # what the import would have met: the test can see it

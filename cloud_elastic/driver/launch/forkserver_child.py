@@ -318,7 +318,7 @@ def _skip_torchs_operator_teardown() -> None:
     (``torch.library._del_library``: about 170 once ``torch._dynamo`` is imported), which takes the library's
     operators out of the dispatcher's tables: teardown of the process's own state, which ``os._exit`` ends
     anyway, and nothing a script can see. In a worker forked from this server the tables are pages shared with
-    it, so running them copied those pages: a sixth of the CPU of a worker of a short job, at every exit.
+    it, so running them copied those pages: 40 ms of CPU and 8,400 page faults at every exit (4 ms and 770 without).
     """
     library = sys.modules.get("torch.library")  # never imported here: a script without torch has none of them
     if library is None:
