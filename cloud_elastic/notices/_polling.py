@@ -9,6 +9,7 @@ fails or, worse, reads the proxy host's metadata.
 from __future__ import annotations
 
 import http.client
+import ipaddress
 import logging
 import socket
 import threading
@@ -86,19 +87,72 @@ class _DeadlineSocket(socket.socket):
         super().sendall(*args, **kwargs)
 
 
+_LOOKUPS: dict[str, threading.Event] = {}  # host name -> set when its lookup in flight has ended
+_LOOKUPS_LOCK = threading.Lock()
+
+
+def _addresses(host: str, port: int, deadline: float) -> list[tuple[Any, ...]]:
+    """``host``'s addresses for a TCP connection, found by ``deadline`` (monotonic), else ``socket.timeout``.
+
+    The system resolver has no time limit of ours: a metadata host name (GCP's ``metadata.google.internal``) on a
+    machine whose DNS does not answer held the request for the resolver's own timeouts (5 s an attempt), past the
+    request's limit. A name is looked up on a thread of its own, left to end by itself when the deadline passes;
+    while it runs, no other lookup of the same name starts (the watcher polls every half second). An address
+    given as numbers is not looked up.
+    """
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        pass
+    else:
+        return socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    found: dict[str, Any] = {}
+    with _LOOKUPS_LOCK:
+        ended = _LOOKUPS.get(host)
+        if ended is not None and not ended.is_set():
+            raise socket.timeout(f"looking up {host} still runs, started by an earlier request")
+        ended = _LOOKUPS[host] = threading.Event()
+
+    def look_up() -> None:
+        try:
+            found["addresses"] = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except OSError as exc:
+            found["error"] = exc
+        finally:
+            ended.set()
+
+    threading.Thread(target=look_up, name=f"cloud-elastic-lookup-{host}", daemon=True).start()
+    if not ended.wait(max(0.0, deadline - time.monotonic())):
+        raise socket.timeout(f"looking up {host} took longer than the request's time limit")
+    if "error" in found:
+        raise found["error"]
+    return found["addresses"]
+
+
 class _Connection(http.client.HTTPConnection):
-    """An HTTP connection whose request, headers and body all end by ``deadline`` (see :class:`_DeadlineSocket`)."""
+    """An HTTP connection whose name lookup, connect, request, headers and body all end by ``deadline`` (see
+    :func:`_addresses` and :class:`_DeadlineSocket`)."""
 
     def __init__(self, host: str, port: int, deadline: float) -> None:
         super().__init__(host, port, timeout=max(0.001, deadline - time.monotonic()))
         self.deadline = deadline
 
     def connect(self) -> None:
-        super().connect()
-        plain = self.sock
-        sock = _DeadlineSocket(plain.family, plain.type, plain.proto, fileno=plain.detach())
-        sock.deadline = self.deadline
-        self.sock = sock
+        error: OSError | None = None
+        for family, kind, proto, _name, address in _addresses(self.host, self.port, self.deadline):
+            sock = _DeadlineSocket(family, kind, proto)
+            sock.deadline = self.deadline
+            try:
+                sock.settimeout(max(0.001, self.deadline - time.monotonic()))
+                sock.connect(address)
+            except OSError as exc:  # the next address, as socket.create_connection tries them
+                sock.close()
+                error = exc
+                continue
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # as http.client's own connect
+            self.sock = sock
+            return
+        raise error or OSError(f"no address found for {self.host}")
 
 
 def request(
