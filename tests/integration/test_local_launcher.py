@@ -153,12 +153,16 @@ def parent_of_servers(tmp_path_factory, monkeypatch):
     """A parent of fork servers (``forkserver.start_parent``) named in this process's environment, as a driver
     would find it; ended after the test."""
     path = str(tmp_path_factory.mktemp("parent") / "servers.sock")
-    proc = forkserver.start_parent(path)
-    _wait(lambda: os.path.exists(path), 60, "the parent's socket")
-    monkeypatch.setenv(forkserver.PARENT_VARIABLE, path)
-    yield proc
-    proc.terminate()
-    proc.wait(10)
+    # Ended however the test ends: a wait for its socket that timed out (a paired run at twice the usual load
+    # took over 60 s to import torch) left it running, reparented to init, after the whole suite.
+    proc = forkserver.start_parent(path, die_with_caller=True)
+    try:
+        _wait(lambda: os.path.exists(path), 60, "the parent's socket")
+        monkeypatch.setenv(forkserver.PARENT_VARIABLE, path)
+        yield proc
+    finally:
+        proc.terminate()
+        proc.wait(10)
 
 
 @pytest.mark.parametrize("server", ["its own", "from a parent of servers"])
