@@ -468,12 +468,15 @@ def _preload_lazy_modules() -> None:
     ``torch.optim`` imports ``torch._dynamo`` on the first ``step()`` (seconds).
     A worker joining a running job would otherwise do that while everyone else
     waits for it in the first allreduce; done here, it happens before the
-    running workers are even asked to admit it.
+    running workers are even asked to admit it. With the garbage collector
+    paused (``memory.collector_paused``): about half the import's CPU was the
+    collector's passes over torch's objects, on the script's thread, GIL held.
     """
-    try:
-        import torch._dynamo  # noqa: F401
-    except ImportError:  # a build without dynamo has nothing to preload
-        pass
+    with memory.collector_paused():
+        try:
+            import torch._dynamo  # noqa: F401
+        except ImportError:  # a build without dynamo has nothing to preload
+            pass
 
 
 def _warm_up_a_step() -> None:

@@ -123,6 +123,7 @@ print("report " + json.dumps({
     "proc_env": [e for e in proc_env if e.startswith(("MY_SETTING=", "CLOUD_ELASTIC_SECRET="))],
     "proc_cmd": proc_cmd, "session_leader": os.getsid(0) == me, "stdin": os.readlink("/proc/self/fd/0"),
     "term_default": signal.getsignal(signal.SIGTERM) == signal.SIG_DFL, "random": random.random(), "torch_loaded": "torch" in sys.modules,
+    "collector_on": __import__("gc").isenabled(),
 }), flush=True)
 if sys.argv[1] == "exit":
     raise SystemExit(int(sys.argv[2]))
@@ -177,6 +178,7 @@ def test_a_script_worker_is_forked_and_is_what_python_would_have_started(tmp_pat
         [used] = [s for s in launcher._servers.values() if s is not None]
         assert (used._proc is None) == (server != "its own")  # a parent's server is not the driver's child
         assert mine["torch_loaded"]  # forked from the server that imported it: what saves the import
+        assert mine["collector_on"]  # the server imported with the garbage collector paused; the script's runs
         assert mine["argv"] == ["introspect.py", "exit", "3"] and mine["name"] == "__main__"
         assert mine["path0"] == str(tmp_path) and mine["cwd"] == str(tmp_path)
         # The secret reaches the worker library, not the environment its subprocesses inherit.

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import subprocess
 import sys
 
 import pytest
 
+from cloud_elastic.worker.memory import collector_paused
 from cloud_elastic.worker.settings import WorkerSettings
 
 
@@ -82,3 +84,30 @@ def test_the_users_own_allocator_settings_win(name):
     settings = WorkerSettings.from_environ({name: "1"})
     assert settings.malloc_tuning is False
     assert WorkerSettings.from_environ({}).malloc_tuning is True
+
+
+def test_the_collector_runs_no_pass_in_a_paused_block_and_is_then_as_it_was():
+    """A worker's preload (``hvd.init()``'s ``torch._dynamo``; the fork server's whole preload) runs in such a block:
+    no collector pass goes over torch's objects while the import allocates, and the script's collector is on after."""
+    passes: list[int] = []
+
+    def count(phase: str, info: dict) -> None:
+        if phase == "start":
+            passes.append(info["generation"])
+
+    gc.callbacks.append(count)
+    try:
+        with collector_paused():
+            made = [[i] for i in range(100_000)]  # a hundred times the youngest generation's threshold
+            paused_inside, passes_inside = not gc.isenabled(), list(passes)
+        after = gc.isenabled()
+        del made
+        gc.disable()
+        with collector_paused():
+            pass
+        kept_off = not gc.isenabled()
+    finally:
+        gc.enable()
+        gc.callbacks.remove(count)
+    assert paused_inside and passes_inside == [] and after
+    assert kept_off  # a caller that had it off (the fork server around its whole preload) keeps it off
