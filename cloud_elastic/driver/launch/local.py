@@ -19,6 +19,7 @@ from cloud_elastic.driver.launch import forkserver
 from cloud_elastic.driver.launch.forkserver import ForkServer
 from cloud_elastic.driver.launch.api import ExitStatus, OutputSink, WorkerSpec
 from cloud_elastic.driver.launch.local_main import through_main
+from cloud_elastic.driver.launch.drain import DRAIN_WAIT_S, DrainClock
 from cloud_elastic.driver.launch.ssh_output import pending_bytes
 from cloud_elastic.driver.launch.ssh_remote import secret_fd_value, secret_pipe
 from cloud_elastic.errors import LaunchError
@@ -38,10 +39,6 @@ _CHUNK = 64 * 1024
 _BREAK = re.compile(rb"\r\n|\r|\n")
 #: A progress bar redrawn in place (lines ended by a bare \r) is forwarded at most once per this many seconds.
 REDRAW_EVERY_S = 5.0
-#: How long after a worker's exit was first seen its output may still be read before the exit is told anyway
-#: (:class:`OutputEnd`): only output still to forward holds it (under a slow reader of the driver's own stdout: a
-#: pager, a stalled terminal), not a pipe a child the worker left keeps open.
-DRAIN_WAIT_S = 2.0
 
 
 def forward_lines(stream, on_output: OutputSink, *, on_first_data: Callable[[], None] | None = None,
@@ -167,22 +164,21 @@ class OutputEnd:
     """Whether a local worker's exit may be told yet: only once its output reader has forwarded what the pipe
     held, so that its last lines (the error line it died with among them: the job's end line names it) have been
     forwarded before its exit is judged (under a slow reader of the driver's own stdout it falls behind); or
-    :data:`DRAIN_WAIT_S` after the exit was first seen. ``reader`` None (a process of no output of ours) never
-    holds an exit back. A line the worker left unended is forwarded at the pipe's end only."""
+    once :class:`~cloud_elastic.driver.launch.drain.DrainClock`'s bound is up, counted from the exit first seen in
+    time the driver had a CPU. Only output still to forward holds it (under a slow reader of the driver's own
+    stdout: a pager, a stalled terminal), not a pipe a child the worker left keeps open. ``reader`` None (a process
+    of no output of ours) never holds an exit back. A line the worker left unended is forwarded at the pipe's end
+    only."""
 
     def __init__(self, reader: OutputReader | None, clock: Callable[[], float] = time.monotonic) -> None:
         self._reader = reader
-        self._clock = clock
-        self._exited_at: float | None = None
+        self._drain = DrainClock(clock)
 
     def holds(self) -> bool:
         """Called with the exit seen: True while its output is still being forwarded, within the bound."""
         if self._reader is None or not self._reader.behind():
             return False
-        now = self._clock()
-        if self._exited_at is None:
-            self._exited_at = now
-        return now - self._exited_at < DRAIN_WAIT_S
+        return not self._drain.up()
 
     def wait(self) -> None:
         """Block until the output is read to its end, or the bound is up (a stop, which may block)."""

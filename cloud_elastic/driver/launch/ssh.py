@@ -56,6 +56,7 @@ from typing import Callable
 from cloud_elastic.config import ENV_NAME, SSH_OPTION, SSHConfig
 from cloud_elastic.driver.launch.known_hosts import JobKnownHosts
 from cloud_elastic.driver.launch.api import ExitStatus, OutputSink, WorkerSpec
+from cloud_elastic.driver.launch.drain import DRAIN_WAIT_S, DrainClock
 from cloud_elastic.driver.launch.local import forward_lines
 from cloud_elastic.driver.launch.ssh_orphans import Orphans
 from cloud_elastic.driver.launch.ssh_remote import SECRET_ENV, WrapperArgs, parse_marker, wrapper_argv
@@ -69,8 +70,6 @@ from cloud_elastic.errors import ConfigError, LaunchError, SSHError
 __all__ = ["SSHLauncher", "SSHWorkerProcess", "SECRET_ENV"]
 
 logger = logging.getLogger(__name__)
-
-_DRAIN_WAIT_S = 2.0
 
 
 class SSHLauncher:
@@ -318,6 +317,7 @@ class SSHWorkerProcess:
         self._stopping = False
         self._reaper: threading.Thread | None = None
         self._exited_at: float | None = None
+        self._drain = DrainClock()
         self._status: ExitStatus | None = None
         self._gate = gate or HostGate()
         self._setup_hold_s = setup_hold_s
@@ -404,7 +404,7 @@ class SSHWorkerProcess:
         if self._started or self._wrote:
             return False
         try:
-            rc = self._proc.wait(timeout=_DRAIN_WAIT_S)  # its stderr ended: ssh is ending
+            rc = self._proc.wait(timeout=DRAIN_WAIT_S)  # its stderr ended: ssh is ending
         except subprocess.TimeoutExpired:
             return False
         return (rc == 255 and attempt <= SETUP_RETRIES and self._marker is None and not self._stopping
@@ -420,7 +420,7 @@ class SSHWorkerProcess:
 
     def poll(self) -> ExitStatus | None:
         """The exit status once the wrapper's marker said it and the output before it is forwarded (or ssh has ended
-        and its output is drained), within :data:`_DRAIN_WAIT_S`; else ``None``. Never blocks."""
+        and its output is drained), within ``drain.DrainClock``'s bound; else ``None``. Never blocks."""
         setting_up = self._setting_up
         if self._status is not None or self._proc is None or setting_up is None or setting_up.is_alive():
             return self._status
@@ -437,7 +437,7 @@ class SSHWorkerProcess:
             reader = self._readers[0] if self._readers else None
             held = self._out.behind(now, bool(reader and reader.is_alive())) if rc is None else any(
                 r.is_alive() for r in self._readers)
-            if held and now - max(self._exited_at, self._out.read_at) < _DRAIN_WAIT_S:
+            if held and not self._drain.up(max(self._exited_at, self._out.read_at)):  # in time it had a CPU
                 return None
             if rc is not None:
                 self._close_stdin()
