@@ -77,7 +77,8 @@ def collector_paused() -> Iterator[None]:
     For imports only, which make few cycles that die: importing ``torch._dynamo`` after torch took 1.5 CPU-s with
     the collector on and 0.8 with it off (2026-12-02, this project's 2-core VM, three runs each), since each full
     pass went over torch's own objects again. Objects made in the block are the collector's again after it: its
-    next passes (or, in the fork server, ``gc.freeze``) take them as usual.
+    next passes take them as usual (the fork server freezes them instead, dead cycles included: see
+    ``forkserver_child._serve``).
     """
     was_on = gc.isenabled()
     gc.disable()

@@ -2,31 +2,38 @@
 
 A worker's exit is told once the output it printed before it has been forwarded: its last lines are often why it
 ended, and the job's end line names them. So that a stalled reader of the driver's own output (a pager, a stopped
-terminal) cannot hold a job's recovery up, the wait has a bound. Counted on the wall clock, that bound also ran out
-on a driver starved of CPU, whose reader thread waited for a processor rather than for the output: a clean clone's
-test suite on two cores, at a load of 15, told an exit with 499 of its worker's 500 lines forwarded, the last one
-after it; on an overloaded driver VM, a job's end line would lack the error a worker printed last.
+terminal) cannot hold a job's recovery up, the wait has a bound, counted from the exit or from the output's last
+progress (a line forwarded), whichever is later. Counted on the wall clock, that bound also ran out on a driver
+starved of CPU, whose reader thread waited for a processor rather than for the output: a clean clone's test suite
+on two cores, at a load of 15, told an exit with 499 of its worker's 500 lines forwarded, the last one after it; on
+an overloaded driver VM, a job's end line would lack the error a worker printed last.
 
-:class:`DrainClock` counts the wall time less the longest time any one of this process's threads spent waiting
-for a CPU in it (the kernel's ``/proc/self/task/*/schedstat``, whose second field is that wait): the reader of a
-stalled terminal sleeps in its write and the bound is :data:`DRAIN_WAIT_S` as before, a starved one runs late and
-the bound stretches with it, up to :data:`DRAIN_WALL_LIMIT_S` of wall time whatever the load. A thread waiting for
-the GIL sleeps, but the thread that holds the GIL then waits for a CPU if the process is starved: hence the
-longest wait of any thread, not the reader's own. On a kernel that does not say, the bound is wall time.
+:class:`DrainClock` counts the wall time less the time this process's threads spent waiting for a CPU in it (the
+kernel's ``/proc/self/task/*/schedstat``, whose second field is that wait), their waits added up and capped at the
+wall time: threads that hand the GIL to one another split a starved process's wait between them, so that the
+longest wait of any one thread undercounts it; the sum may overcount, and an exit on an overloaded driver then waits
+longer than it needs, never less. A reader stalled on the driver's stdout sleeps in its write: on an idle driver the
+bound is :data:`DRAIN_WAIT_S` of wall time, on a busy one a little more (its other threads queue for a CPU too), and
+whatever the load at most :data:`DRAIN_WALL_LIMIT_S` of wall time. On a kernel that does not say, it is wall time.
+The threads' waits are read at most every :data:`SAMPLE_EVERY_S` for all clocks together (a directory listing and a
+file per thread), however many exits wait at once.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import time
 from typing import Callable
 
-__all__ = ["DRAIN_WAIT_S", "DRAIN_WALL_LIMIT_S", "DrainClock", "cpu_waits"]
+__all__ = ["DRAIN_WAIT_S", "DRAIN_WALL_LIMIT_S", "SAMPLE_EVERY_S", "DrainClock", "cpu_waits", "recent_cpu_waits"]
 
 #: How long an exit waits for the output before it, in time the driver's threads had a CPU.
 DRAIN_WAIT_S = 2.0
 #: The longest an exit waits for its output in wall time, however starved the driver is.
 DRAIN_WALL_LIMIT_S = 30.0
+#: The threads' CPU waits are read anew at most this often (:func:`recent_cpu_waits`).
+SAMPLE_EVERY_S = 0.1
 
 
 def cpu_waits() -> dict[int, int]:
@@ -46,14 +53,28 @@ def cpu_waits() -> dict[int, int]:
     return waits
 
 
+_sample: tuple[float, dict[int, int]] = (-SAMPLE_EVERY_S, {})
+_sample_lock = threading.Lock()
+
+
+def recent_cpu_waits() -> dict[int, int]:
+    """:func:`cpu_waits` as read at most :data:`SAMPLE_EVERY_S` ago, by any caller."""
+    global _sample
+    with _sample_lock:
+        now = time.monotonic()
+        if now - _sample[0] >= SAMPLE_EVERY_S:
+            _sample = (now, cpu_waits())
+        return _sample[1]
+
+
 class DrainClock:
     """The bound on one exit's wait for its output. :meth:`up` starts it at its first call.
 
-    ``clock`` (seconds) and ``waits`` (:func:`cpu_waits`) are the real ones except in tests.
+    ``clock`` (seconds) and ``waits`` (:func:`recent_cpu_waits`) are the real ones except in tests.
     """
 
     def __init__(self, clock: Callable[[], float] = time.monotonic,
-                 waits: Callable[[], dict[int, int]] = cpu_waits) -> None:
+                 waits: Callable[[], dict[int, int]] = recent_cpu_waits) -> None:
         self._clock, self._waits = clock, waits
         self._first: float | None = None  # the first call: the wall-time limit counts from here
         self._since = 0.0  # the start of the current wait (the exit seen, or the output's last progress)
@@ -61,8 +82,9 @@ class DrainClock:
 
     def up(self, since: float | None = None) -> bool:
         """Whether the exit has waited long enough: :data:`DRAIN_WAIT_S` of its wall time since ``since`` (the
-        output's last progress; None: the first call) beyond the longest CPU wait of any thread, measured from
-        the call that first saw ``since``; or :data:`DRAIN_WALL_LIMIT_S` since the first call."""
+        later of the exit and the output's last progress; None: now, at the first call) beyond what the threads
+        waited for a CPU meanwhile, measured from the call that first saw ``since``; or :data:`DRAIN_WALL_LIMIT_S`
+        since the first call."""
         now = self._clock()
         if self._first is None:
             self._first = now
@@ -75,5 +97,5 @@ class DrainClock:
         if waited < DRAIN_WAIT_S:
             return False
         waits = self._waits()
-        starved = max((n - self._base.get(tid, 0) for tid, n in waits.items()), default=0) / 1e9
+        starved = sum(max(n - self._base.get(tid, 0), 0) for tid, n in waits.items()) / 1e9
         return waited - min(starved, waited) >= DRAIN_WAIT_S
