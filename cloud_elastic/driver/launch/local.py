@@ -148,6 +148,7 @@ class OutputReader:
         def forward(line: str) -> None:
             on_output(line)
             self.forwarded_at = time.monotonic()
+
         self.thread = threading.Thread(target=forward_lines, args=(stream, forward), kwargs={"idle": self._idle},
                                        name=f"out-{worker_id}", daemon=True)
         self.thread.start()
@@ -170,10 +171,10 @@ class OutputEnd:
     held, so that its last lines (the error line it died with among them: the job's end line names it) have been
     forwarded before its exit is judged (under a slow reader of the driver's own stdout it falls behind); or
     once :class:`~cloud_elastic.driver.launch.drain.DrainClock`'s bound is up, counted from the exit first seen or
-    the last line forwarded, whichever is later, in time the driver had a CPU. Only output still to forward holds it (under a slow reader of the driver's own
-    stdout: a pager, a stalled terminal), not a pipe a child the worker left keeps open. ``reader`` None (a process
-    of no output of ours) never holds an exit back. A line the worker left unended is forwarded at the pipe's end
-    only."""
+    the last line forwarded, whichever is later, in time the driver had a CPU. Only output still to forward holds
+    it (under a slow reader of the driver's own stdout: a pager, a stalled terminal), not a pipe a child the worker
+    left keeps open. ``reader`` None (a process of no output of ours) never holds an exit back. A line the worker
+    left unended is forwarded at the pipe's end only."""
 
     def __init__(self, reader: OutputReader | None, clock: Callable[[], float] = time.monotonic) -> None:
         self._reader = reader
