@@ -2,19 +2,21 @@
 
 A worker's exit is told once the output it printed before it has been forwarded: its last lines are often why it
 ended, and the job's end line names them. So that a stalled reader of the driver's own output (a pager, a stopped
-terminal) cannot hold a job's recovery up, the wait has a bound, counted from the exit or from the output's last
-progress (a line forwarded), whichever is later. Counted on the wall clock, that bound also ran out on a driver
+terminal) cannot hold a job's recovery up, the wait has a bound. Counted on the wall clock, that bound also ran out on a driver
 starved of CPU, whose reader thread waited for a processor rather than for the output: a clean clone's test suite
 on two cores, at a load of 15, told an exit with 499 of its worker's 500 lines forwarded, the last one after it; on
 an overloaded driver VM, a job's end line would lack the error a worker printed last.
 
+Each launcher counts from its own start: the local one from the exit first seen (a backlog that keeps moving to a
+slow terminal must not hold a recovery up), the SSH one from the later of the exit's marker and the last line
+forwarded (ssh holds up to its channel's window of output that the driver has not read yet).
 :class:`DrainClock` counts the wall time less the time this process's threads spent waiting for a CPU in it (the
-kernel's ``/proc/self/task/*/schedstat``, whose second field is that wait), their waits added up and capped at the
-wall time: threads that hand the GIL to one another split a starved process's wait between them, so that the
-longest wait of any one thread undercounts it; the sum may overcount, and an exit on an overloaded driver then waits
-longer than it needs, never less. A reader stalled on the driver's stdout sleeps in its write: on an idle driver the
-bound is :data:`DRAIN_WAIT_S` of wall time, on a busy one a little more (its other threads queue for a CPU too), and
-whatever the load at most :data:`DRAIN_WALL_LIMIT_S` of wall time. On a kernel that does not say, it is wall time.
+kernel's ``/proc/self/task/*/schedstat``, whose second field is that wait), their waits added up: threads that hand
+the GIL to one another split a starved process's wait between them, so that the longest wait of any one thread
+undercounts it; the sum may overcount, and an exit on an overloaded driver then waits longer than it needs, never
+less. A reader stalled on the driver's stdout sleeps in its write: on an idle driver the bound is
+:data:`DRAIN_WAIT_S` of wall time, on a busy one a little more (its other threads queue for a CPU too), and whatever
+the load at most :data:`DRAIN_WALL_LIMIT_S` of wall time. On a kernel that does not say, it is wall time.
 The threads' waits are read at most every :data:`SAMPLE_EVERY_S` for all clocks together (a directory listing and a
 file per thread), however many exits wait at once.
 """
@@ -79,23 +81,21 @@ class DrainClock:
         self._first: float | None = None  # the first call: the wall-time limit counts from here
         self._since = 0.0  # the start of the current wait (the exit seen, or the output's last progress)
         self._base: dict[int, int] = {}
+        self._last: dict[int, int] = {}  # the waits at the previous call
 
     def up(self, since: float | None = None) -> bool:
         """Whether the exit has waited long enough: :data:`DRAIN_WAIT_S` of its wall time since ``since`` (the
-        later of the exit and the output's last progress; None: now, at the first call) beyond what the threads
-        waited for a CPU meanwhile, measured from the call that first saw ``since``; or :data:`DRAIN_WALL_LIMIT_S`
-        since the first call."""
-        now = self._clock()
+        exit, or the output's last progress; None: now, at the first call) beyond what the threads waited for a CPU
+        meanwhile, counted from the call before the one that first saw ``since`` (a poll that comes late on a
+        starved driver still counts the waits before it); or :data:`DRAIN_WALL_LIMIT_S` since the first call."""
+        now, waits = self._clock(), self._waits()
         if self._first is None:
             self._first = now
-            self._since, self._base = (now if since is None else since), self._waits()
-        elif since is not None and since > self._since:  # the output moved on: a new wait from there
-            self._since, self._base = since, self._waits()
+            self._since, self._base = (now if since is None else since), waits
+        elif since is not None and since > self._since:  # the output moved on: a new wait from there, its waits
+            self._since, self._base = since, self._last  # counted from the call before (it may be seen late)
+        self._last = waits
         if now - self._first >= DRAIN_WALL_LIMIT_S:
             return True
-        waited = now - self._since
-        if waited < DRAIN_WAIT_S:
-            return False
-        waits = self._waits()
         starved = sum(max(n - self._base.get(tid, 0), 0) for tid, n in waits.items()) / 1e9
-        return waited - min(starved, waited) >= DRAIN_WAIT_S
+        return now - self._since - starved >= DRAIN_WAIT_S

@@ -143,13 +143,7 @@ class OutputReader:
     def __init__(self, stream, on_output: OutputSink, worker_id: str) -> None:
         self._fd = stream.fileno()
         self._idle = threading.Event()
-        self.forwarded_at = 0.0  # when it last forwarded a line (time.monotonic): the output's progress
-
-        def forward(line: str) -> None:
-            on_output(line)
-            self.forwarded_at = time.monotonic()
-
-        self.thread = threading.Thread(target=forward_lines, args=(stream, forward), kwargs={"idle": self._idle},
+        self.thread = threading.Thread(target=forward_lines, args=(stream, on_output), kwargs={"idle": self._idle},
                                        name=f"out-{worker_id}", daemon=True)
         self.thread.start()
 
@@ -170,27 +164,25 @@ class OutputEnd:
     """Whether a local worker's exit may be told yet: only once its output reader has forwarded what the pipe
     held, so that its last lines (the error line it died with among them: the job's end line names it) have been
     forwarded before its exit is judged (under a slow reader of the driver's own stdout it falls behind); or
-    once :class:`~cloud_elastic.driver.launch.drain.DrainClock`'s bound is up, counted from the exit first seen or
-    the last line forwarded, whichever is later, in time the driver had a CPU. Only output still to forward holds
-    it (under a slow reader of the driver's own stdout: a pager, a stalled terminal), not a pipe a child the worker
-    left keeps open. ``reader`` None (a process of no output of ours) never holds an exit back. A line the worker
-    left unended is forwarded at the pipe's end only."""
+    once :class:`~cloud_elastic.driver.launch.drain.DrainClock`'s bound is up, counted from the exit first seen,
+    in time the driver had a CPU (a backlog that keeps moving to a slow terminal does not hold it longer, nor the
+    recovery waiting for it). Only output still to forward holds it (under a slow reader of the driver's own stdout:
+    a pager, a stalled terminal), not a pipe a child the worker left keeps open. ``reader`` None (a process of no
+    output of ours) never holds an exit back. A line the worker left unended is forwarded at the pipe's end only."""
 
     def __init__(self, reader: OutputReader | None, clock: Callable[[], float] = time.monotonic) -> None:
         self._reader = reader
-        self._clock = clock
-        self._seen: float | None = None
         self._drain = DrainClock(clock)
 
     def holds(self) -> bool:
         """Called with the exit seen: True while its output is still being forwarded, within the bound."""
         if self._reader is None or not self._reader.behind():
             return False
-        self._seen = self._seen or self._clock()
-        return not self._drain.up(max(self._seen, self._reader.forwarded_at))
+        return not self._drain.up()
 
     def wait(self) -> None:
-        """Block until the output is read to its end, or the bound is up (a stop, which may block)."""
+        """Block until the output is read to its end, or :data:`~cloud_elastic.driver.launch.drain.DRAIN_WAIT_S` of
+        wall time (a stop, which may block)."""
         if self._reader is not None:
             self._reader.thread.join(DRAIN_WAIT_S)
 
