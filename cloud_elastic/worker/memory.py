@@ -20,7 +20,7 @@ set either threshold through glibc's own environment variables, and
 
 :func:`collector_paused` holds Python's cyclic garbage collector off while a worker imports what it preloads
 (``torch._dynamo`` on top of torch; the fork server's whole preload): each full pass the import's allocations set
-off goes over every object torch already made, and the collector, not the import, was most of that CPU.
+off goes over every object torch already made, and the collector, not the import, was much of that CPU.
 """
 
 from __future__ import annotations
@@ -76,9 +76,9 @@ def collector_paused() -> Iterator[None]:
 
     For imports only, which make few cycles that die: importing ``torch._dynamo`` after torch took 1.5 CPU-s with
     the collector on and 0.8 with it off (2026-12-02, this project's 2-core VM, three runs each), since each full
-    pass went over torch's own objects again. Objects made in the block are the collector's again after it: its
-    next passes take them as usual (the fork server freezes them instead, dead cycles included: see
-    ``forkserver_child._serve``).
+    pass went over torch's own objects again. Objects made in the block are the collector's again after it; the
+    preload ends with one full pass of its own (``context._preload_lazy_modules``), so that the collector's later
+    passes over them do not come in a worker's first steps.
     """
     was_on = gc.isenabled()
     gc.disable()

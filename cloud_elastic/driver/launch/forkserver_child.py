@@ -394,12 +394,11 @@ def _serve(argv: list[str] | None) -> int:
     started_with = _initial_environment()
     initial = list(started_with)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C at the driver's terminal is the driver's to handle
-    # The preload with the garbage collector paused, its passes over torch's objects were a third of the server's
-    # start (2.4 CPU-s against 1.7 on this project's 2-core VM), and what it made frozen before the collector runs
-    # again: what the server holds now is shared with every worker, page by page, until written, and the
-    # collector's passes (the server's, a worker's, and its exit's) leave it alone instead of touching it all. The
-    # cycles the import left dead are frozen with it on purpose (about 8,700 objects, 7 MB, shared by the forks):
-    # collecting them first cost a pass over everything, 0.27 CPU-s.
+    # The preload with the garbage collector paused (its passes over torch's objects during the import cost more
+    # than the one full pass that ends the preload: 2.4-2.8 CPU-s a server start against 2.0-2.3 on this project's
+    # 2-core VM), and what lives after that pass frozen before the collector runs again: what the server holds now
+    # is shared with every worker, page by page, until written, and the collector's passes (the server's, a
+    # worker's, and its exit's) leave it alone instead of touching it all.
     with collector_paused():
         _preload()
         gc.freeze()
