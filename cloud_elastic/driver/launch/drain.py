@@ -2,10 +2,10 @@
 
 A worker's exit is told once the output it printed before it has been forwarded: its last lines are often why it
 ended, and the job's end line names them. So that a stalled reader of the driver's own output (a pager, a stopped
-terminal) cannot hold a job's recovery up, the wait has a bound. Counted on the wall clock, that bound also ran out on a driver
-starved of CPU, whose reader thread waited for a processor rather than for the output: a clean clone's test suite
-on two cores, at a load of 15, told an exit with 499 of its worker's 500 lines forwarded, the last one after it; on
-an overloaded driver VM, a job's end line would lack the error a worker printed last.
+terminal) cannot hold a job's recovery up, the wait has a bound. Counted on the wall clock, that bound also ran out
+on a driver starved of CPU, whose reader thread waited for a processor rather than for the output: a clean clone's
+test suite on two cores, at a load of 15, told an exit with 499 of its worker's 500 lines forwarded, the last one
+after it; on an overloaded driver VM, a job's end line would lack the error a worker printed last.
 
 Each launcher counts from its own start: the local one from the exit first seen (a backlog that keeps moving to a
 slow terminal must not hold a recovery up), the SSH one from the later of the exit's marker and the last line
