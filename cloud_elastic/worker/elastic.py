@@ -177,9 +177,10 @@ def _run(func: Callable[..., Any], state: State, *args: Any, **kwargs: Any) -> A
             sync = _rejoin(ctx, "update", state)
             continue
         except RuntimeError as exc:
-            if not sharded.peer_lost(ctx, exc):  # only a sharded host's own group fails this way
+            if not sharded.peer_lost(ctx, exc):  # only a sharded host's own group, or NCCL's as it is aborted
                 raise
-            log.warning("a collective of this host's group failed (%s); rolling back to the last commit",
+            log.warning("a collective %sfailed (%s); rolling back to the last commit",
+                        "of this host's group " if getattr(ctx, "host_group", None) is not None else "",
                         str(exc).splitlines()[0][:200])
             state.restore()
             ledger.note_rollback()

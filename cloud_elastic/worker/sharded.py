@@ -352,7 +352,7 @@ def _average(ctx: Any, grads: list[torch.Tensor]) -> None:
 
     def finish_one() -> None:
         work, reduced, packed = pending.pop(0)
-        ctx.wait(work, "gradient allreduce")
+        ctx.wait(work, "gradient allreduce", host=False)
         reduced.div_(info.cross_size)
         offset = 0
         for g in packed:
@@ -515,7 +515,8 @@ _COMMUNICATION = ("gloo", "nccl", "connection", "peer", "socket", "timed out", "
 
 def peer_lost(ctx: Any, exc: BaseException) -> bool:
     """Whether ``exc``, raised by torch inside the training function of a sharded worker, is a collective
-    that failed because a peer was lost (a host-mate died in an FSDP2 all-gather or reduce-scatter).
+    that failed because a peer was lost (a host-mate died in an FSDP2 all-gather or reduce-scatter); on an
+    NCCL round's group, one started as the heartbeat thread aborted it (``rounds.on_device``).
 
     The driver aborts the round when it loses a member, usually just after the
     host-mate's socket closed: the abort is waited for up to two heartbeat
@@ -523,7 +524,8 @@ def peer_lost(ctx: Any, exc: BaseException) -> bool:
     socket's, torch's ``DistError``). Any other error is the training function's
     own (a shape mismatch is a ``RuntimeError`` too), and is raised at once.
     """
-    if getattr(ctx, "host_group", None) is None or ctx.standalone or ctx.info is None:
+    nccl = getattr(ctx, "_nccl_group", None)
+    if getattr(ctx, "host_group", None) is None and (nccl is None or nccl() is None) or ctx.standalone or ctx.info is None:
         return False
     if not isinstance(exc, RuntimeError):
         return False

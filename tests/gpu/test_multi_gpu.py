@@ -2,10 +2,11 @@
 
 On one host NCCL sees a dead peer late or never (its kernels wait on the peer's
 GPU memory), so the survivor is released by the driver's round abort: the
-heartbeat thread learns of it, the wait in ``WorkerContext.wait`` abandons the
-round's group (``abort()`` of its communicator), the device is quiesced, and the
-worker rolls back and joins the next round on a new communicator. These tests
-need two visible GPUs and are skipped otherwise.
+heartbeat thread learns of it and aborts the round's communicator
+(``rounds.on_device``), the survivor's wait for the device ends, its update and
+commit after the abort are refused (``confirm_on_device``), the device is
+quiesced, and the worker rolls back and joins the next round on a new
+communicator. These tests need two visible GPUs and are skipped otherwise.
 """
 
 from __future__ import annotations

@@ -68,10 +68,10 @@ def lose_a_peer_at_wait(monkeypatch: pytest.MonkeyPatch, n: int) -> None:
     ctx, count = get_context(), itertools.count(1)
     real = ctx.wait
 
-    def wait(work: object, what: str) -> None:
+    def wait(work: object, what: str, **how: bool) -> None:
         if next(count) == n:
             raise CollectiveError("gradient allreduce failed: Connection closed by peer")
-        real(work, what)
+        real(work, what, **how)
 
     monkeypatch.setattr(ctx, "wait", wait)
 

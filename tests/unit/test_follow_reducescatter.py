@@ -27,7 +27,7 @@ def _member(rank: int) -> dict:
     pg = dist.distributed_c10d._get_default_group()
     window = SimpleNamespace(round=1, followers=[1], active=1)  # what followers.current reads of follow.Window
     ctx = SimpleNamespace(info=SimpleNamespace(rank=rank, size=2, cross_rank=0, cross_size=1, round=1),
-                          device=torch.device("cpu"), pg=pg, group=lambda what: pg, wait=lambda work, what: work.wait(),
+                          device=torch.device("cpu"), pg=pg, group=lambda what: pg, wait=lambda work, what, **how: work.wait(),
                           following=window)
     collectives.get_context = shapes.get_context = partitioned.get_context = lambda: ctx
     mine = torch.full((4,), 10.0 * (rank + 1))  # 10 on the member, 20 on the follower

@@ -57,7 +57,7 @@ def _in_threads(monkeypatch, size: int, member, hung: str) -> None:
         try:
             group = dist.ProcessGroupGloo(store, rank, size, timedelta(seconds=20))
             ctx = SimpleNamespace(info=SimpleNamespace(rank=rank, size=size), device=torch.device("cpu"),
-                                  point_to_point=lambda what, start: start(group), wait=lambda work, what: work.wait())
+                                  point_to_point=lambda what, start: start(group), wait=lambda work, what, **how: work.wait())
             _CONTEXTS[threading.get_ident()] = ctx
             member(rank, ctx)
         except BaseException as exc:  # handed to the test

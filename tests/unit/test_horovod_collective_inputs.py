@@ -26,7 +26,7 @@ def _context(rank: int):
 
     pg = dist.distributed_c10d._get_default_group()
     return SimpleNamespace(info=SimpleNamespace(rank=rank, size=2, cross_rank=0, cross_size=1), device=torch.device("cpu"),
-                           pg=pg, group=lambda what: pg, wait=lambda work, what: work.wait())
+                           pg=pg, group=lambda what: pg, wait=lambda work, what, **how: work.wait())
 
 
 def _outcome(call):

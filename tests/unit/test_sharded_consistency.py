@@ -40,7 +40,7 @@ def _worker_of(rows: list[tuple[int, int, bool]], me: int) -> SimpleNamespace:
 
     ctx = SimpleNamespace(info=SimpleNamespace(size=len(rows), rank=me, cross_rank=host, round=7), ledger=ledger,
                           abandoned=0, group=lambda what: SimpleNamespace(allreduce=allreduce))
-    ctx.wait = lambda work, what: None
+    ctx.wait = lambda work, what, **how: None
     ctx._abandon_round = lambda: setattr(ctx, "abandoned", ctx.abandoned + 1)
     return ctx
 
@@ -137,7 +137,7 @@ def test_every_host_averages_every_trained_shard_zeros_where_its_step_left_a_gra
         params[0].grad = shared * (rank + 1)
         params[1 + rank].grad = (only_0 if rank == 0 else only_1).clone()
         ctx = SimpleNamespace(info=SimpleNamespace(cross_size=2), cross_group=lambda what: pg,
-                              wait=lambda work, what: work.wait())
+                              wait=lambda work, what, **how: work.wait())
         sharded.average_gradient_shards(ctx, params)
         results[rank] = [None if p.grad is None else p.grad.clone() for p in params]
 
@@ -174,7 +174,7 @@ def test_a_parameter_no_host_has_a_gradient_for_is_not_updated_on_two_hosts_as_o
             branch.grad = torch.full((4,), 6.0)
         opt = torch.optim.AdamW([used, head, branch], lr=0.1, weight_decay=0.1)
         ctx = SimpleNamespace(info=SimpleNamespace(cross_size=cross_size), cross_group=lambda what: pg,
-                              wait=lambda work, what: work.wait())
+                              wait=lambda work, what, **how: work.wait())
         sharded.average_gradient_shards(ctx, [used, head, branch])
         grads = [None if p.grad is None else p.grad.tolist() for p in (used, head, branch)]
         opt.step()
@@ -214,7 +214,7 @@ def test_the_membership_flag_is_agreed_once_per_step_across_hosts_and_once_per_c
     monkeypatch.setattr(ctx, "info", SimpleNamespace(size=4, rank=0, cross_size=cross_size, round=0, update_gen=0))
     monkeypatch.setattr(ctx, "group", lambda what: agreed.append(what) or SimpleNamespace(allreduce=peer_pending))
     monkeypatch.setattr(ctx, "cross_group", lambda what: SimpleNamespace(allreduce=lambda tensors: None))
-    monkeypatch.setattr(ctx, "wait", lambda work, what: None)
+    monkeypatch.setattr(ctx, "wait", lambda work, what, **how: None)
     x = torch.randn(8, 6, generator=torch.Generator().manual_seed(1))
     for _ in range(3):
         opt.zero_grad()
@@ -264,7 +264,7 @@ def test_a_worker_whose_round_fails_after_its_cross_host_average_does_not_update
     monkeypatch.setattr(ctx, "group", lambda what: SimpleNamespace(allreduce=lambda tensors: None))
     monkeypatch.setattr(sharded, "average_gradient_shards", lambda ctx, params: None)  # this worker's completed
 
-    def aborted(work, what):
+    def aborted(work, what, **how):
         raise CollectiveError(f"{what} abandoned: the driver aborted round 0 (a peer was lost)")
 
     monkeypatch.setattr(ctx, "wait", aborted)

@@ -40,7 +40,7 @@ def _check(models: list[torch.nn.Module], rows: list[tuple[int, int]], me: int, 
     ctx = SimpleNamespace(info=SimpleNamespace(size=len(rows), rank=me, cross_rank=rows[me][0], round=3),
                           ledger=ledger, group=lambda what: SimpleNamespace(allreduce=allreduce),
                           loaded_commit=loaded.get(rows[me][0]))
-    ctx.wait = lambda work, what: None
+    ctx.wait = lambda work, what, **how: None
     ctx._abandon_round = lambda: None
     sharded.check_hosts(ctx, [models[me]])
 
@@ -48,7 +48,7 @@ def _check(models: list[torch.nn.Module], rows: list[tuple[int, int]], me: int, 
 def _digest(model: torch.nn.Module) -> int:
     """The layout's 56-bit digest, as a worker running ``model`` puts it in the check's row."""
     seen: list[int] = []
-    ctx = SimpleNamespace(info=SimpleNamespace(size=2, rank=0, cross_rank=0), wait=lambda work, what: None)
+    ctx = SimpleNamespace(info=SimpleNamespace(size=2, rank=0, cross_rank=0), wait=lambda work, what, **how: None)
     ctx.group = lambda what: SimpleNamespace(allreduce=lambda tensors: seen.append(int(tensors[0][0, 0])))
     sharded.check_layout(ctx, [model])
     return seen[0]

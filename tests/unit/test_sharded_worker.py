@@ -233,7 +233,7 @@ def test_gradient_shards_are_averaged_over_the_hosts_big_ones_in_place_small_one
                     most_in_flight[0] = max(most_in_flight[0], len(packed_in_flight))
                 return work
 
-        def wait(work, what):
+        def wait(work, what, **how):
             work.wait()
             if id(work) in packed_in_flight:
                 packed_in_flight.remove(id(work))

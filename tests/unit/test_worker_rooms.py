@@ -111,6 +111,9 @@ class Link(DriverLinkMixin):
         self.dismissed = False
         self._heartbeat: threading.Thread | None = None
 
+    def abort_lost_round(self) -> None:
+        """The heartbeat calls it after each reply: RoundGroupsMixin's (a link alone has no group to abort)."""
+
 
 def test_the_heartbeat_learns_the_round_sends_the_stacks_asked_for_and_ends_with_the_job() -> None:
     secret = new_secret()
@@ -141,6 +144,8 @@ def test_the_heartbeat_learns_the_round_sends_the_stacks_asked_for_and_ends_with
 
 class LinkedRounds(Link, Rounds):
     """Both rooms, as in the context: the heartbeat thread writes what the waits read."""
+
+    abort_lost_round = Rounds.abort_lost_round
 
     def __init__(self, address: str, codec: Codec, heartbeat_timeout_s: float = 5.0) -> None:
         Rounds.__init__(self)

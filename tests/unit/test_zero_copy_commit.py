@@ -314,11 +314,11 @@ def test_a_step_that_fails_between_buckets_still_restores_exactly_to_the_commit(
     ctx = get_context()
     real_wait, calls = ctx.wait, []
 
-    def wait_then_lose_a_peer(work, what):
+    def wait_then_lose_a_peer(work, what, **how):
         calls.append(what)
         if len(calls) == 2:  # the first bucket's parameters are already updated by now
             raise CollectiveError("gradient allreduce failed: Connection closed by peer")
-        real_wait(work, what)
+        real_wait(work, what, **how)
 
     monkeypatch.setattr(ctx, "wait", wait_then_lose_a_peer)
     opt.zero_grad()

@@ -159,11 +159,11 @@ def test_a_step_that_fails_between_buckets_restores_adamw_exactly(monkeypatch):
     ctx = get_context()
     real_wait, calls = ctx.wait, []
 
-    def wait_then_lose_a_peer(work, what):
+    def wait_then_lose_a_peer(work, what, **how):
         calls.append(what)
         if len(calls) == 2:  # the first bucket's parameters are already updated by now
             raise CollectiveError("gradient allreduce failed: Connection closed by peer")
-        real_wait(work, what)
+        real_wait(work, what, **how)
 
     monkeypatch.setattr(ctx, "wait", wait_then_lose_a_peer)
     with pytest.raises(CollectiveError):

@@ -222,7 +222,7 @@ class Heal:
             for buf in _messages(chunks[piece.chunk], piece):
                 for work in [ctx.point_to_point(what, lambda g, r=rank: g.send([buf], r, 0))
                              for rank in self.receivers]:
-                    ctx.wait(work, what)
+                    ctx.wait(work, what, host=False)
                 self.bytes += buf.numel() * buf.element_size() * len(self.receivers)
             self.pieces += 1
 
@@ -247,7 +247,7 @@ class Heal:
                 posted.append((works, buf, parts, holder))
             for works, buf, parts, holder in posted:
                 for work in works:
-                    ctx.wait(work, what)
+                    ctx.wait(work, what, host=False)
                 if buf is not None:
                     for t, a, b, at in parts:
                         t.view(-1)[a:b].copy_(buf[at: at + b - a])
@@ -284,7 +284,7 @@ class InFlight:
         works, copies = self.works, self.copies
         self.works, self.copies = [], []
         for work in works:
-            ctx.wait(work, self.what)
+            ctx.wait(work, self.what, host=False)  # a follower holds no commit until its digests match
         with torch.no_grad():
             for landed, into in copies:
                 # Its version counter stays: ``DistributedOptimizer._ce_check_outside`` would read a parameter's

@@ -39,7 +39,7 @@ class _AllgatherRows(torch.autograd.Function):
         ctx = get_context()
         send = local.detach().contiguous()
         rows = [torch.empty_like(send) for _ in range(ctx.info.size)]
-        ctx.wait(ctx.group("sync batch norm").allgather([rows], [send]), "sync batch norm")
+        ctx.wait(ctx.group("sync batch norm").allgather([rows], [send]), "sync batch norm", host=False)
         fn_ctx.rank = ctx.info.rank
         return torch.stack(rows)
 
@@ -48,7 +48,7 @@ class _AllgatherRows(torch.autograd.Function):
         # Every worker's loss depends on every row: this row's gradient is the sum of theirs.
         ctx = get_context()
         total = grad.contiguous().clone()
-        ctx.wait(ctx.group("sync batch norm backward").allreduce([total]), "sync batch norm backward")
+        ctx.wait(ctx.group("sync batch norm backward").allreduce([total]), "sync batch norm backward", host=False)
         return total[fn_ctx.rank]
 
 

@@ -135,8 +135,14 @@ class State:
 
         In a job, outside ``hvd.elastic.run``, raises UnsupportedError (see :func:`_inside_run`)."""
         ctx = _inside_run(get_context(), "commit")
-        ctx.ledger.window.close()  # first: what the window taught decides how this commit is kept
+        window = ctx.ledger.window
+        # An update in place was confirmed on the device before it ran; with no collective since, it is whole.
+        settled = window.open and window.unkept and not window.has_collectives
+        window.close()  # first: what the window taught decides how this commit is kept
         ctx.read_update_flag()
+        if not (getattr(ctx, "training_done", False) or getattr(self, "_in_reset", False)):
+            # NCCL: nothing an abort cut short is committed (rounds.on_device)
+            ctx.confirm_on_device("the commit", settled=settled)
         self.save()
         ctx.ledger.note_commit(self, fingerprint(self))  # what it trained, for the driver's repeat guards
         if getattr(ctx, "training_done", False) or getattr(self, "_in_reset", False):
@@ -173,6 +179,7 @@ class State:
                 # Not ``close()``: a window ended here rather than at ``commit()`` says nothing about whether
                 # the loop runs collectives between its updates and its commits, so it must not confirm it.
                 ctx.ledger.window.discard()
+                ctx.confirm_on_device("the commit")
                 self.save()
                 ctx.ledger.note_commit(self, fingerprint(self))
             raise HostsUpdatedInterrupt(skip_sync=False)
@@ -420,6 +427,7 @@ class TorchState(ObjectState):
                 # NCCL's futures complete as the work is queued: before this worker holds the commit (and may
                 # restore it as exact), what it received must have landed.
                 torch.cuda.current_stream(ctx.device).synchronize()
+                ctx.confirm_on_device("the state sync")  # NCCL: an abort may have cut what it received short
             heal.report(ctx.worker_id)
         if receivers is not None:
             # Sharded: every worker of the round leaves the sync together. A host-mate that failed in it (its

@@ -355,6 +355,7 @@ class DriverLinkMixin:
             self._maybe_watch_notices(reply.notice_watcher)
             link_probe_of(self).order(reply.probe)  # the driver's probe order runs on a thread of its own
             self._next_offered(reply.next_round, reply.round, reply.round_plan, sent)  # a planned next round forms in the background
+            self.abort_lost_round()  # NCCL: an aborted round's kernels end now, not at its timeout (rounds.on_device)
             if reply.stacks > self._stacks_sent:
                 self._send_stacks(client, reply.stacks)
             if reply.shutdown:

@@ -43,7 +43,7 @@ def _forget(opt: Any) -> None:
     if opt._ce_counts or opt._ce_next:
         ctx = get_context()
         for bucket in opt._ce_buckets[: opt._ce_next]:
-            ctx.wait(bucket.work, "gradient allreduce")
+            ctx.wait(bucket.work, "gradient allreduce", host=False)
     opt._ce_clear()
 
 

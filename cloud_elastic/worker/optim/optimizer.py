@@ -194,7 +194,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             if followers.is_follower(ctx):
                 flat.zero_()
             ctx.ledger.window.collective("a gradient allreduce")
-            ctx.wait(ctx.pg.allreduce([flat]), "gradient allreduce")
+            ctx.wait(ctx.pg.allreduce([flat]), "gradient allreduce", host=False)
             scaling.apply_after(flat)
             offset = 0
             for p in group:
@@ -292,7 +292,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         """Wait for the buckets in order, hand out their averaged gradients, then call ``after_bucket``."""
         ctx = get_context()
         for bucket in self._ce_buckets:
-            ctx.wait(bucket.work, "gradient allreduce")
+            ctx.wait(bucket.work, "gradient allreduce", host=False)
             flag = bucket.finish(self._ce_scalings[bucket.compressed])
             if flag is not None:
                 ctx.carry_update_flag(flag)
@@ -314,7 +314,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if self._ce_counts or self._ce_next:
             ctx = get_context()
             for bucket in self._ce_buckets[: self._ce_next]:
-                ctx.wait(bucket.work, "gradient allreduce")
+                ctx.wait(bucket.work, "gradient allreduce", host=False)
             self._ce_clear()
         super(self.__class__, self).zero_grad(set_to_none=set_to_none)
         self._ce_follow_trainable()  # unfrozen or added since the last step: bucketed before this backward
@@ -490,6 +490,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 self._ce_check_outside()
         elif not (self._ce_skip and self._ce_synchronized):  # a backward since synchronize(): average it
             self.synchronize()
+        if in_place:  # NCCL: the GPU has the whole average before the update writes over the commit (rounds.on_device)
+            get_context().confirm_on_device("the step's gradient allreduce")
         for snapshot in self._ce_snapshots:
             snapshot.flush()  # a commit of another TorchState kept as a snapshot
         get_context().ledger.window.update(kept=not in_place)

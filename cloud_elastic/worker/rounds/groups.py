@@ -55,6 +55,7 @@ from cloud_elastic.worker.rounds.backends import (abort_nccl, nccl_error_handlin
                                                   nccl_nonblocking_timeout_default, new_gloo_group, new_nccl_group,
                                                   quiesce_device)
 from cloud_elastic.worker.rounds.flight import FlightRecorder
+from cloud_elastic.worker.rounds.on_device import OnDeviceMixin
 from cloud_elastic.worker.rounds.peers import Peers, own_addresses
 from cloud_elastic.worker.rounds.reclaim import GroupSockets, Reaper, socket_inodes
 from cloud_elastic.worker.rounds.signed_store import SignedStore, round_namespace
@@ -94,6 +95,10 @@ class RoundGroup:
         self.backend = backend
         self.device = device
         self.abandoned = False
+        #: The round it is the group of (set as it becomes the current group); the heartbeat thread reads it.
+        self.round: int | None = None
+        #: NCCL: the device finished what was queued on it after the abort (see ``_abandon_round``).
+        self.quiesced = False
         #: Sharded training (``worker/sharded.py``): this round's group over the same local rank of every
         #: host, formed at its first use; it lives and dies with the round's group.
         self.cross: RoundGroup | None = None
@@ -190,7 +195,7 @@ class RoundInfo(RankInfo):
     peers_in_store: bool = False
 
 
-class RoundGroupsMixin:
+class RoundGroupsMixin(OnDeviceMixin):
     """The worker context's process group per round, and its collectives' waits (see module docstring)."""
 
     @property
@@ -226,6 +231,7 @@ class RoundGroupsMixin:
             # confirm: wait for every member's side (outside elastic.run no sync follows, and one exiting cut the rest)
             group = self._formed(info, store, lambda publish: self._new_group(store, info, publish), "process group",
                                  confirm=not getattr(self, "elastic_entered", True))
+        group.round = info.round  # first: the heartbeat thread may abort the current group (abort_lost_round)
         old, self._group = self._group, group
         self.previous_size = 0 if self.info is None else self.info.size
         self.info = info
@@ -381,9 +387,13 @@ class RoundGroupsMixin:
         this worker exits rather than train on from a state it cannot trust.
         """
         group = self._group
-        if group is None or not group.abandon():
+        if group is None:
             return
-        if group.backend == "nccl" and not quiesce_device(group.device):
+        group.abandon()  # False when the heartbeat thread aborted it first: the device is still to be waited for
+        if group.backend != "nccl" or group.quiesced:
+            return
+        group.quiesced = True
+        if not quiesce_device(group.device):
             print(f"cloud-elastic: worker {self.worker_id}: the GPU did not become idle after aborting the NCCL "
                   "communicator of a failed round; exiting", file=sys.stderr, flush=True)
             os._exit(70)
@@ -437,7 +447,7 @@ class RoundGroupsMixin:
                 group.cross.abandon()
         return group.cross.pg
 
-    def wait(self, work: Any, what: str) -> None:
+    def wait(self, work: Any, what: str, *, host: bool = True) -> None:
         """Wait for ``work``; abandon it when the driver aborts this round.
 
         Either way out by failure abandons the round's group at once (see
@@ -449,15 +459,28 @@ class RoundGroupsMixin:
         group directly) never asking whether the round still counts. An abort that
         arrives during the wait is left to the next collective: this one's result
         is whole, and the step it completes may still be committed.
+
+        NCCL's futures complete as the work is queued, not done. With ``host``
+        (the result is read on the host next: a membership check, the sync's
+        facts, a user's ``hvd.allreduce``) the host waits until the GPU has
+        finished it (``_await_on_device``); without (the gradients, the sync's
+        transfers), the wait is the GPU's alone, and what depends on it is
+        confirmed where it must be (:meth:`confirm_on_device`).
         """
         assert self.info is not None
         round_ = self.info.round
         self.await_current_view()
         aborted_before = self._aborted(round_)
-        fut, waited = _future(work, self.collective_timeout_s)
-        # Point-to-point work (no future: a thread waits for it) is not numbered: not every rank takes part.
-        slot = -1 if waited else self.flight.entered(what)
-        if not fut.done():
+        nccl = self._nccl_group() if host else None
+        if nccl is not None:
+            slot = self.flight.entered(what)
+            self._await_on_device(work, what, round_, slot, nccl)
+            fut, waited = None, False
+        else:
+            fut, waited = _future(work, self.collective_timeout_s)
+            # Point-to-point work (no future: a thread waits for it) is not numbered: not every rank takes part.
+            slot = -1 if waited else self.flight.entered(what)
+        if fut is not None and not fut.done():
             event = threading.Event()
             fut.add_done_callback(lambda _f: event.set())
             with self.progress.waiting():
@@ -467,7 +490,7 @@ class RoundGroupsMixin:
                         self._abandon_round()
                         raise CollectiveError(f"{what} abandoned: the driver aborted round {round_} (a peer was lost)")
         try:
-            fut.wait() if waited else work.wait()
+            fut.wait() if waited else work.wait()  # NCCL: what is on the current stream next waits for it
         except RuntimeError as exc:
             self._failed(exc, what, slot)
         self.flight.completed(slot)
