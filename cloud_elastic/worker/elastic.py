@@ -151,7 +151,9 @@ def _run(func: Callable[..., Any], state: State, *args: Any, **kwargs: Any) -> A
                     _load_checkpoint(ctx, durable, state)  # CollectiveError: a host-mate was lost in a sharded load
                 follow.shed(ctx, state)  # a newcomer: what it will not keep goes before the running workers wait
                 _sync(ctx, state)
-            except CollectiveError as exc:
+            except (CollectiveError, RuntimeError) as exc:
+                if not _peer_lost(ctx, exc):
+                    raise
                 log.warning("state sync failed (%s); rejoining", exc)
                 state.restore()
                 ledger.note_restored()
@@ -187,9 +189,13 @@ def _run(func: Callable[..., Any], state: State, *args: Any, **kwargs: Any) -> A
             sync = _rejoin(ctx, "failure", state)
             continue
         try:
+            # NCCL: what the final checkpoint writes and the driver counts as trained was not cut short by an abort
+            ctx.confirm_on_device("the training function's end")
             if follow.complete(ctx, state):  # a window still open at the end: the rest moves now (``commit.follow``)
                 _sync(ctx, state)
-        except CollectiveError as exc:
+        except (CollectiveError, RuntimeError) as exc:
+            if not _peer_lost(ctx, exc):
+                raise
             log.warning("collective failed (%s) as the training function returned; rolling back to the last "
                         "commit", exc)
             state.restore()
@@ -201,6 +207,11 @@ def _run(func: Callable[..., Any], state: State, *args: Any, **kwargs: Any) -> A
         _completed = True
         _name_failures_after_run()
         return result
+
+
+def _peer_lost(ctx: Any, exc: BaseException) -> bool:
+    """A failure of the round (ours, or torch's as a sharded host's or an NCCL group is aborted under it)."""
+    return isinstance(exc, CollectiveError) or sharded.peer_lost(ctx, exc)
 
 
 #: What a collective that fails after ``run`` returned adds to its error (see :func:`_name_failures_after_run`).

@@ -103,6 +103,8 @@ class ExitingMixin:
         self._close_next("the worker exits")
         group, self._group = self._group, None
         if group is not None:
+            if group.aborter is not None:  # the heartbeat thread's abort of it, in torch's C++ (rounds.on_device)
+                group.aborter.join(max(0.0, deadline - time.monotonic()))
             if group.backend == "gloo" or group.abandoned:
                 self._reaper.retire(group)
             else:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
 import pytest
 import torch
@@ -20,6 +21,7 @@ from cloud_elastic.worker.context import RoundInfo, WorkerContext, get_context
 from cloud_elastic.worker.exceptions import CollectiveError
 from cloud_elastic.worker.rounds.groups import RoundGroup
 from cloud_elastic.worker.settings import WorkerSettings
+from torch._C._distributed_c10d import ErrorType
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -47,9 +49,17 @@ class _Nccl:
         self.finished = threading.Event()
         if peer_alive:
             self.finished.set()
+        #: What ``ProcessGroupNCCL.get_error`` says: TIMEOUT once its own watchdog aborted it.
+        self.error = ErrorType.SUCCESS
 
     def allreduce(self, tensors, opts=None) -> _Work:
         return _Work(self)
+
+    def _get_backend(self, device) -> "_Nccl":
+        return self
+
+    def get_error(self) -> ErrorType:
+        return self.error
 
     def abort(self) -> None:
         self.aborts.append(threading.current_thread().name)
@@ -61,9 +71,11 @@ def device(monkeypatch):
     """The host's wait for the device: it returns once the stand-in's collectives have ended."""
     from cloud_elastic.worker.rounds import on_device
 
-    current: list[_Nccl] = []
+    current: list[Any] = []
 
     def synchronize(dev) -> None:
+        if current and isinstance(current[-1], Exception):
+            raise current[-1]
         if current and not current[-1].finished.wait(20):
             raise AssertionError("nothing ended the collective: it would have waited for NCCL's timeout")
 
@@ -101,7 +113,7 @@ def test_a_collective_blocked_on_a_lost_peer_is_ended_by_the_heartbeat_threads_a
     _heartbeat_brings_the_abort(ctx)
     started = time.monotonic()
     with pytest.raises(CollectiveError, match="membership check abandoned: the driver aborted round 3"):
-        ctx.wait(pg.allreduce([torch.ones(1)]), "membership check")
+        ctx.wait(ctx.pg.allreduce([torch.ones(1)]), "membership check")
     assert time.monotonic() - started < 5
     assert pg.aborts == ["cloud-elastic-nccl-abort"]  # once, off the heartbeat thread (which must go on beating)
     assert ctx._group.quiesced  # the training thread waited for the device before it rolls back
@@ -110,7 +122,7 @@ def test_a_collective_blocked_on_a_lost_peer_is_ended_by_the_heartbeat_threads_a
 def test_a_collective_that_finished_before_the_abort_is_whole():
     pg = _Nccl(peer_alive=True)
     ctx = _context(pg)
-    ctx.wait(pg.allreduce([torch.ones(1)]), "membership check")  # no abort: the result is read as it is
+    ctx.wait(ctx.pg.allreduce([torch.ones(1)]), "membership check")  # no abort: the result is read as it is
     ctx._seen_abort = 3  # the abort arrives once it finished: the next collective fails, this one stands
     ctx.abort_lost_round()
     deadline = time.monotonic() + 5
@@ -125,7 +137,7 @@ def test_the_gradients_wait_stays_on_the_device_and_the_update_is_confirmed_firs
     pg = _Nccl()
     device.append(pg)
     ctx = _context(pg)
-    ctx.wait(pg.allreduce([torch.ones(1)]), "gradient allreduce", host=False)  # returns as NCCL queued it
+    ctx.wait(ctx.pg.allreduce([torch.ones(1)]), "gradient allreduce", host=False)  # returns as NCCL queued it
     assert not pg.finished.is_set()
     _heartbeat_brings_the_abort(ctx)  # while the confirmation waits for the device
     with pytest.raises(CollectiveError, match="the commit not confirmed: the driver aborted round 3"):
@@ -253,10 +265,12 @@ def test_a_commit_after_an_abort_is_not_taken_and_the_one_before_it_is_restored(
     state.commit()
     committed = _values(model, opt)
     nccl_member()
-    _backward(model, opt, 1)
-    opt.step()  # with what an aborted allreduce left, on a GPU
     ctx = get_context()
+    _backward(model, opt, 1)
+    grads = [p.grad for p in model.parameters()]
+    ctx.wait(ctx.pg.allreduce(grads), "gradient allreduce", host=False)  # queued behind the peer that is gone
     _abort_now(ctx)
+    opt.step()  # with what the aborted allreduce left, on a GPU
     with pytest.raises(CollectiveError, match="the commit not confirmed: the driver aborted round"):
         state.commit()
     state.restore()
@@ -294,3 +308,105 @@ def test_an_abort_between_a_whole_update_in_place_and_its_commit_leaves_that_com
     assert ctx.ledger.holds_commit
     for got, want in zip(_values(model, opt), updated):
         assert torch.equal(got, want)
+
+
+def test_an_update_in_place_then_a_whole_loss_allreduce_then_the_abort_still_commits(nccl_member, device):
+    """A logging allreduce between step() and commit(), waited for on the host and found whole: the abort after it
+    cut nothing the commit holds, and the update wrote over the last commit: the commit is taken."""
+    model, opt, state = _trained_in_place()
+    device.append(nccl_member(peer_alive=True))
+    _backward(model, opt, 3)
+    opt.step()
+    hvd.allreduce(torch.ones(1), name="loss")
+    updated = _values(model, opt)
+    ctx = get_context()
+    _abort_now(ctx)
+    state.commit()
+    state.restore()  # the next collective fails; the survivor rolls back to this commit
+    assert ctx.ledger.holds_commit
+    for got, want in zip(_values(model, opt), updated):
+        assert torch.equal(got, want)
+
+
+def test_a_membership_change_agreed_after_a_whole_update_in_place_commits_before_it_interrupts(nccl_member, device,
+                                                                                               monkeypatch):
+    """Horovod's loop calls check_host_updates() between commits; an abort arriving after the step's update was
+    confirmed must not cost the survivor its commit there either."""
+    model, opt, state = _trained_in_place()
+    device.append(nccl_member(peer_alive=True))
+    ctx = get_context()
+    monkeypatch.setattr(ctx, "standalone", False)  # a job's worker: the membership check is asked
+    monkeypatch.setattr(ctx, "_seen_update", ctx.info.update_gen + 1)  # a host joins: the flag rides the allreduce
+    _backward(model, opt, 3)
+    opt.step()
+    updated = _values(model, opt)
+    _abort_now(ctx)
+    with pytest.raises(hvd.HostsUpdatedInterrupt):
+        state.check_host_updates()
+    state.restore()
+    assert ctx.ledger.holds_commit
+    for got, want in zip(_values(model, opt), updated):
+        assert torch.equal(got, want)
+
+
+def test_a_group_nccls_own_watchdog_aborted_is_not_confirmed_though_the_driver_said_nothing(device):
+    """Past the collective timeout torch's watchdog aborts the communicator itself (error handling mode 2): the
+    group is not marked abandoned by us, but what its kernels left is no average either."""
+    pg = _Nccl()
+    device.append(pg)
+    ctx = _context(pg)
+    ctx.wait(ctx.pg.allreduce([torch.ones(1)]), "gradient allreduce", host=False)
+    pg.error = ErrorType.TIMEOUT
+    pg.finished.set()  # the watchdog's abort ended the kernels
+    with pytest.raises(CollectiveError, match="the commit not confirmed"):
+        ctx.confirm_on_device("the commit")
+
+
+def test_an_error_of_the_device_itself_is_the_scripts_not_a_lost_peer(device):
+    """A device-side assert of the script surfaces at the next wait for the device: with the group sound, it is the
+    script's own error (the job ends with it), not a lost peer rolled back from again and again."""
+    ctx = _context(_Nccl(peer_alive=True))
+    device.append(RuntimeError("CUDA error: device-side assert triggered"))
+    with pytest.raises(RuntimeError, match="device-side assert"):
+        ctx.confirm_on_device("the commit")
+    with pytest.raises(RuntimeError, match="device-side assert"):
+        ctx.wait(ctx.pg.allreduce([torch.ones(1)]), "membership check")
+
+
+def test_each_round_formed_names_its_group_for_the_heartbeat_threads_abort():
+    hvd.init()
+    ctx = get_context()
+    assert ctx._group.round == ctx.info.round  # set by _form_group, which every round's group goes through
+
+
+def test_a_training_function_that_returns_after_an_abort_is_run_again_from_its_commit(nccl_member, monkeypatch):
+    """What the function leaves is what the final checkpoint writes and the driver counts as trained: after an abort
+    that may have cut its last collectives short, it is rolled back to the commit and run again (here the second
+    run finds the round formed again, a group of one, and returns)."""
+    ctx = get_context()
+    standalone_group, standalone_info = ctx._group, ctx.info
+    model, opt = _model_and_optimizer(distributed=False)
+    state = hvd.elastic.TorchState(model, opt, step=0)
+    runs: list[list[torch.Tensor]] = []
+
+    @hvd.elastic.run
+    def train(state) -> None:
+        runs.append(_values(model, opt))
+        if len(runs) > 1:
+            return
+        state.commit()
+        nccl_member()
+        _backward(model, opt, 1)
+        ctx.wait(ctx.pg.allreduce([p.grad for p in model.parameters()]), "gradient allreduce", host=False)
+        _abort_now(ctx)
+        opt.step()  # with what the aborted allreduce left; then the function returns
+        monkeypatch.setattr(ctx, "rendezvous", lambda reason: _form_again())
+
+    def _form_again():
+        ctx._group, ctx.info = standalone_group, standalone_info
+        return standalone_info
+
+    train(state)
+    assert len(runs) == 2
+    for got, want in zip(runs[1], runs[0]):
+        assert torch.equal(got, want)  # the second run started from the commit, not from the aborted step

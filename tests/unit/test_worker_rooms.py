@@ -192,6 +192,24 @@ def test_a_worker_silent_past_the_heartbeat_timeout_learns_the_abort_before_a_co
         server.close()
 
 
+def test_a_heartbeat_that_brings_the_abort_of_an_nccl_round_aborts_its_communicator_at_once() -> None:
+    """On NCCL the training thread may be blocked in the GPU behind a collective on a lost peer, where no wait of ours
+    runs: the heartbeat thread, which hears the driver, aborts the communicator (``rounds.on_device``)."""
+    aborted = threading.Event()
+    pg = SimpleNamespace(abort=aborted.set)
+    server, codec = _driver(PollReply(3, 0, 3, False))
+    try:
+        ctx = LinkedRounds(f"127.0.0.1:{server.port}", codec)
+        ctx.info = RoundInfo(0, 2, 0, 1, 0, 2, round=3, needs_sync=False, update_gen=0)
+        ctx._group = RoundGroup(pg=pg, store=None, sockets=None, backend="nccl", size=2)
+        ctx._group.round = 3
+        ctx.beat()
+        assert aborted.wait(10) and ctx._group.abandoned
+    finally:
+        ctx._shutdown.set()
+        server.close()
+
+
 def test_a_worker_the_driver_no_longer_counts_starts_no_collective() -> None:
     server, codec = _driver(PollReply(0, 0, 0, True))  # what the driver answers a worker it gave up
     try:

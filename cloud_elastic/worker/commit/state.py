@@ -135,14 +135,10 @@ class State:
 
         In a job, outside ``hvd.elastic.run``, raises UnsupportedError (see :func:`_inside_run`)."""
         ctx = _inside_run(get_context(), "commit")
-        window = ctx.ledger.window
-        # An update in place was confirmed on the device before it ran; with no collective since, it is whole.
-        settled = window.open and window.unkept and not window.has_collectives
-        window.close()  # first: what the window taught decides how this commit is kept
+        ctx.ledger.window.close()  # first: what the window taught decides how this commit is kept
         ctx.read_update_flag()
         if not (getattr(ctx, "training_done", False) or getattr(self, "_in_reset", False)):
-            # NCCL: nothing an abort cut short is committed (rounds.on_device)
-            ctx.confirm_on_device("the commit", settled=settled)
+            ctx.confirm_on_device("the commit")  # NCCL: nothing an abort cut short is committed (rounds.on_device)
         self.save()
         ctx.ledger.note_commit(self, fingerprint(self))  # what it trained, for the driver's repeat guards
         if getattr(ctx, "training_done", False) or getattr(self, "_in_reset", False):

@@ -70,6 +70,9 @@ __all__ = [
 #: How often a wait for a collective or a group's formation looks whether the driver aborted the round.
 _ABORT_SLICE_S = 0.05
 
+#: How long the training thread waits for the heartbeat thread's abort of an NCCL communicator to return.
+_ABORT_JOIN_S = 30.0
+
 #: How much longer than the formation deadline Gloo's constructor may wait for a peer: the deadline,
 #: which names its setting, is what a user sees.
 _GLOO_FORM_MARGIN_S = 5.0
@@ -99,6 +102,11 @@ class RoundGroup:
         self.round: int | None = None
         #: NCCL: the device finished what was queued on it after the abort (see ``_abandon_round``).
         self.quiesced = False
+        #: Collectives launched on it (each reads the context's ``pg``), and how many of them a wait on the host
+        #: saw finish whole: what a confirmation after an abort can still vouch for (``on_device``).
+        self.queued = self.whole = 0
+        #: The heartbeat thread's abort of it, while it runs (``on_device.abort_lost_round``).
+        self.aborter: threading.Thread | None = None
         #: Sharded training (``worker/sharded.py``): this round's group over the same local rank of every
         #: host, formed at its first use; it lives and dies with the round's group.
         self.cross: RoundGroup | None = None
@@ -201,7 +209,11 @@ class RoundGroupsMixin(OnDeviceMixin):
     @property
     def pg(self) -> Any:
         """The current round's process group (None before the first round and after leaving)."""
-        return None if self._group is None else self._group.pg
+        group = self._group
+        if group is None:
+            return None
+        group.queued += 1  # every collective is launched on what this returns (see on_device)
+        return group.pg
 
     @pg.setter
     def pg(self, value: Any) -> None:
@@ -393,6 +405,8 @@ class RoundGroupsMixin(OnDeviceMixin):
         if group.backend != "nccl" or group.quiesced:
             return
         group.quiesced = True
+        if group.aborter is not None:
+            group.aborter.join(_ABORT_JOIN_S)  # its abort() first: the device's queue drains after it
         if not quiesce_device(group.device):
             print(f"cloud-elastic: worker {self.worker_id}: the GPU did not become idle after aborting the NCCL "
                   "communicator of a failed round; exiting", file=sys.stderr, flush=True)
