@@ -9,6 +9,7 @@ its round bookkeeping are the real ones. ``tests/gpu/test_multi_gpu.py`` runs th
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from typing import Any
@@ -383,6 +384,10 @@ def test_a_training_function_that_returns_after_an_abort_is_run_again_from_its_c
     """What the function leaves is what the final checkpoint writes and the driver counts as trained: after an abort
     that may have cut its last collectives short, it is rolled back to the commit and run again (here the second
     run finds the round formed again, a group of one, and returns)."""
+    from cloud_elastic.worker import elastic
+
+    monkeypatch.setattr(elastic, "_completed", False)  # restored after: the run below completes in this process
+    monkeypatch.setattr(sys, "excepthook", sys.excepthook)  # which a completed run wraps (elastic._name_failures_after_run)
     ctx = get_context()
     standalone_group, standalone_info = ctx._group, ctx.info
     model, opt = _model_and_optimizer(distributed=False)
