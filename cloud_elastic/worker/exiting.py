@@ -63,6 +63,7 @@ class ExitingMixin:
         self._close_next("the worker leaves")
         group, self._group = self._group, None
         if group is not None:
+            group.settle_abort(timeout_s)  # the heartbeat thread's abort of it, in torch's C++ (rounds.on_device)
             done = self._reaper.reclaimed + self._reaper.leaked
             self._reaper.retire(group)
             del group
@@ -103,8 +104,7 @@ class ExitingMixin:
         self._close_next("the worker exits")
         group, self._group = self._group, None
         if group is not None:
-            if group.aborter is not None:  # the heartbeat thread's abort of it, in torch's C++ (rounds.on_device)
-                group.aborter.join(max(0.0, deadline - time.monotonic()))
+            group.settle_abort(deadline - time.monotonic())  # the heartbeat thread's, in torch's C++ (rounds.on_device)
             if group.backend == "gloo" or group.abandoned:
                 self._reaper.retire(group)
             else:

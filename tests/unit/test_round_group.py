@@ -252,3 +252,25 @@ def test_a_worker_exiting_while_a_formation_still_waits_in_torch_exits_cleanly(t
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=75)
     assert "gave up:" in proc.stdout, proc.stdout + proc.stderr
     assert "terminate called" not in proc.stderr and proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_the_heartbeat_threads_abort_runs_once_and_a_group_let_go_waits_for_it_and_starts_no_other():
+    """``on_device``: the heartbeat thread aborts an NCCL group on a thread of its own; the worker letting the group
+    go (exit, leave) waits for that abort (in torch's C++, which the interpreter must not finalize under)."""
+    class _Slow(_NcclStandIn):
+        def abort(self) -> None:
+            time.sleep(0.3)
+            super().abort()
+
+    pg = _Slow()
+    group = RoundGroup(pg, object(), None, "nccl", size=2)
+    group.abort_in_background()
+    group.abort_in_background()
+    group.settle_abort(5.0)
+    assert pg.aborts == 1 and group.abandoned and group.abort_done.is_set()
+    pg = _NcclStandIn()
+    closed = RoundGroup(pg, object(), None, "nccl", size=2)
+    closed.settle_abort(5.0)  # let go first: no abort starts after
+    closed.abort_in_background()
+    time.sleep(0.1)
+    assert pg.aborts == 0 and not closed.abandoned

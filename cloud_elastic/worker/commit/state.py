@@ -422,8 +422,10 @@ class TorchState(ObjectState):
             if takes and getattr(ctx.device, "type", "cpu") == "cuda":
                 # NCCL's futures complete as the work is queued: before this worker holds the commit (and may
                 # restore it as exact), what it received must have landed.
-                torch.cuda.current_stream(ctx.device).synchronize()
-                ctx.confirm_on_device("the state sync")  # NCCL: an abort may have cut what it received short
+                if ctx._nccl_group() is None:
+                    torch.cuda.current_stream(ctx.device).synchronize()
+                else:  # NCCL with peers: the same wait, and an abort may have cut what it received short
+                    ctx.confirm_on_device("the state sync")
             heal.report(ctx.worker_id)
         if receivers is not None:
             # Sharded: every worker of the round leaves the sync together. A host-mate that failed in it (its

@@ -105,8 +105,10 @@ class RoundGroup:
         #: Collectives launched on it (each reads the context's ``pg``), and how many of them a wait on the host
         #: saw finish whole: what a confirmation after an abort can still vouch for (``on_device``).
         self.queued = self.whole = 0
-        #: The heartbeat thread's abort of it, while it runs (``on_device.abort_lost_round``).
-        self.aborter: threading.Thread | None = None
+        #: Set once the heartbeat thread's abort of it (``on_device.abort_lost_round``) has returned; None if none began.
+        self.abort_done: threading.Event | None = None
+        #: Let go of by the worker (exit, leave): no abort of the heartbeat thread starts any more.
+        self.closing = False
         #: Sharded training (``worker/sharded.py``): this round's group over the same local rank of every
         #: host, formed at its first use; it lives and dies with the round's group.
         self.cross: RoundGroup | None = None
@@ -129,6 +131,34 @@ class RoundGroup:
         elif self.sockets is not None:
             self.sockets.shutdown()
         return True
+
+
+    def abort_in_background(self) -> None:
+        """The heartbeat thread's abort (see ``on_device``): :meth:`abandon` on a thread of its own, once."""
+        with self._lock:
+            if self.abandoned or self.closing or self.abort_done is not None:
+                return
+            self.abort_done = done = threading.Event()
+
+        def run() -> None:
+            try:
+                self.abandon()
+            finally:
+                done.set()
+
+        try:
+            threading.Thread(target=run, name="cloud-elastic-nccl-abort", daemon=True).start()
+        except RuntimeError:  # no thread to be had (the interpreter exiting): the training thread's next wait aborts it
+            done.set()
+
+    def settle_abort(self, timeout_s: float) -> None:
+        """No abort of the heartbeat thread starts from now on; wait (``timeout_s`` at most) for one that began:
+        it runs in torch's C++, which the interpreter must not finalize under."""
+        with self._lock:
+            self.closing = True
+            done = self.abort_done
+        if done is not None:
+            done.wait(max(0.0, timeout_s))
 
 
 _STORE_ERROR = getattr(dist, "DistStoreError", RuntimeError)
@@ -405,8 +435,8 @@ class RoundGroupsMixin(OnDeviceMixin):
         if group.backend != "nccl" or group.quiesced:
             return
         group.quiesced = True
-        if group.aborter is not None:
-            group.aborter.join(_ABORT_JOIN_S)  # its abort() first: the device's queue drains after it
+        if group.abort_done is not None:
+            group.abort_done.wait(_ABORT_JOIN_S)  # the heartbeat thread's abort() first: the queue drains after it
         if not quiesce_device(group.device):
             print(f"cloud-elastic: worker {self.worker_id}: the GPU did not become idle after aborting the NCCL "
                   "communicator of a failed round; exiting", file=sys.stderr, flush=True)

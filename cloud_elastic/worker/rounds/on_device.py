@@ -27,7 +27,6 @@ a confirmed update in place, which wrote over the last commit).
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import torch
@@ -94,7 +93,7 @@ class OnDeviceMixin:
         launched = group.queued
         try:
             with self.progress.waiting():
-                _synchronize(group.device)
+                _synchronize(group.device)  # every stream: NCCL's too, so every collective launched so far
         except RuntimeError:
             if not (group.abandoned or _in_error(group)):
                 raise
@@ -114,27 +113,24 @@ class OnDeviceMixin:
         group = self.__dict__.get("_group")
         if group is None or group.backend != "nccl" or group.abandoned or group.round is None or (group.size or 2) < 2:
             return  # a group of one has no peer to wait on: the training thread's next collective abandons it
-        if not self._aborted(group.round) or group.aborter is not None:
-            return
-        aborter = threading.Thread(target=group.abandon, name="cloud-elastic-nccl-abort", daemon=True)
-        try:
-            aborter.start()
-        except RuntimeError:  # no thread to be had (the interpreter exiting): the training thread's next wait does it
-            return
-        group.aborter = aborter
+        if self._aborted(group.round):
+            group.abort_in_background()
 
 
 def _in_error(group: Any) -> bool:
-    """Whether NCCL itself reports the group broken (its watchdog aborted it); False where torch cannot say."""
-    try:
-        backend = group.pg._get_backend(group.device)
-        error = backend.get_error()
-    except Exception:  # noqa: BLE001 (older torch, a stand-in, a group already gone: nothing to go by)
-        return False
-    return getattr(error, "name", "SUCCESS") != "SUCCESS"
+    """Whether NCCL itself reports the group (or its cross-host group) broken: its watchdog aborted it; False where
+    torch cannot say."""
+    for one in (group, group.cross):
+        try:
+            error = one.pg._get_backend(one.device).get_error()
+        except Exception:  # noqa: BLE001 (no cross group, older torch, a stand-in, a group gone: nothing to go by)
+            continue
+        if getattr(error, "name", "SUCCESS") != "SUCCESS":
+            return True
+    return False
 
 
 def _synchronize(device: torch.device | None) -> None:
-    """Wait on the host for ``device``'s current stream (nothing to wait for off a GPU)."""
+    """Wait on the host until ``device`` has finished everything queued on it, on every stream (nothing off a GPU)."""
     if device is not None and device.type == "cuda":
-        torch.cuda.current_stream(device).synchronize()
+        torch.cuda.synchronize(device)
