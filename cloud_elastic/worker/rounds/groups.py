@@ -132,7 +132,6 @@ class RoundGroup:
             self.sockets.shutdown()
         return True
 
-
     def abort_in_background(self) -> None:
         """The heartbeat thread's abort (see ``on_device``): :meth:`abandon` on a thread of its own, once."""
         with self._lock:
