@@ -415,3 +415,39 @@ def test_a_training_function_that_returns_after_an_abort_is_run_again_from_its_c
     assert len(runs) == 2
     for got, want in zip(runs[1], runs[0]):
         assert torch.equal(got, want)  # the second run started from the commit, not from the aborted step
+
+
+@pytest.mark.parametrize("returns", ["the loss", "None"])
+def test_a_closure_step_after_an_abort_is_not_committed_and_the_commit_before_it_is_restored(nccl_member, device,
+                                                                                            returns):
+    """``step(closure)`` runs its allreduces inside the update's window, so its commits are kept, never in place
+    (``optim.closure``): an update applied with what an abort left is refused at the commit (or, with a loss
+    returned, at the wait for the loss's mean), and the kept commit before it is restored exactly."""
+    model, _ = _model_and_optimizer()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05))
+    state = hvd.elastic.TorchState(model, opt, step=0)
+    seed = iter(range(100))
+
+    def closure():
+        x = torch.randn(8, 6, generator=torch.Generator().manual_seed(next(seed)))
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), x.sum(1, keepdim=True))
+        loss.backward()
+        return loss if returns == "the loss" else None
+
+    for _ in range(3):
+        opt.step(closure)
+        state.commit()
+    assert not any(h.in_place for h in opt._ce_snapshots)
+    committed = _values(model, opt)
+    device.append(nccl_member())
+    ctx = get_context()
+    _heartbeat_brings_the_abort(ctx)
+    with pytest.raises(CollectiveError, match="abandoned|not confirmed"):
+        opt.step(closure)
+        state.commit()
+    state.restore()
+    assert ctx.ledger.holds_commit
+    for got, want in zip(_values(model, opt), committed):
+        assert torch.equal(got, want)
+    opt._ce_clear()
