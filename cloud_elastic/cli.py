@@ -196,6 +196,10 @@ def run(discovery: DiscoveryArgs, **params: Any) -> int:
     # driver's, which only the workers it starts itself inherit: -H local hosts), and a bad
     # CLOUD_ELASTIC_LOCAL_FORKSERVER (read by the driver's local launcher).
     forwarded = forwarded_env(config.forward_env)
+    unset = [name for name in config.forward_env if "=" not in name and name not in forwarded]
+    if unset:  # a forgotten export: the workers run without it, remote ones silently (local ones inherit anyway)
+        sys.stderr.write(f"{PROG}: warning: -x {', '.join(unset)}: not set in the driver's environment, so not passed "
+                         "to the workers (export it, or give -x NAME=VALUE)\n")
     local = launcher is None and bool(discovery.hosts) and any(
         launches_locally(host, config.force_ssh) for host in built.find().ready)  # -H: no I/O
     inherited = os.environ if local else {}
@@ -287,6 +291,10 @@ def job_config(params: dict[str, Any], discovery: DiscoveryArgs | None = None):
         manage_capacity=params.get("manage_capacity", False),
         spares=params.get("spares", 0),
     )
+    if config.checkpoint_dir is not None and not config.checkpoint_dir.strip():
+        # An unset $CKPT: taken as given, the checkpoints (and the driver's record) went to the current directory.
+        raise ConfigError("--checkpoint-dir is empty: give a directory or a URL (s3://, gs://, az://...) for the "
+                          "durable checkpoints")
     given = [f"--{flag.replace('_', '-')}" for flag in ("checkpoint_interval", "checkpoint_keep")
              if params[flag] is not None]
     if given and not config.checkpoint_dir:  # the defaults could not be told from a value typed (review s63 rvU)

@@ -252,6 +252,11 @@ def selected_provider(args: DiscoveryArgs) -> tuple[str, dict[str, str]]:
     given = [(f, args.cloud[f.dest]) for f in CLOUD_FLAGS if f.dest in args.cloud]
     if args.hosts is not None and not args.hosts.strip():
         raise ConfigError("-H/--hosts is empty: give host[:slots],... (e.g. -H 10.0.0.5:4,10.0.0.6:4)")
+    # An unset shell variable ($SCRIPT, $PROVIDER) makes an empty value: named, not taken for a flag never given.
+    if args.host_discovery_script is not None and not args.host_discovery_script.strip():
+        raise ConfigError("--host-discovery-script is empty: give the path of a script that prints host[:slots] lines")
+    if args.provider is not None and not args.provider.strip():
+        raise ConfigError("--provider is empty: give a provider's name (cloud-elastic providers lists them)")
     chosen: list[str] = []
     said: list[str] = []  # the flags that chose each, as the user gave them
     if args.hosts:

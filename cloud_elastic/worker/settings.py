@@ -256,9 +256,10 @@ class WorkerSettings:
             raise ConfigError(f"CLOUD_ELASTIC_SELFTEST_TIMEOUT_S={self.selftest_timeout_s}: must be > 0")
         if self.term_grace_s < 0:
             raise ConfigError(f"CLOUD_ELASTIC_TERM_GRACE_S={self.term_grace_s}: must be >= 0")
-        if self.heartbeat_timeout_s <= 0 or self.collective_timeout_s <= 0 or self.group_form_timeout_s <= 0:
-            raise ConfigError("CLOUD_ELASTIC_HEARTBEAT_TIMEOUT_S, CLOUD_ELASTIC_COLLECTIVE_TIMEOUT_S and "
-                              "CLOUD_ELASTIC_GROUP_FORM_TIMEOUT_S must be positive")
+        for name in ("CLOUD_ELASTIC_HEARTBEAT_TIMEOUT_S", "CLOUD_ELASTIC_COLLECTIVE_TIMEOUT_S",
+                     "CLOUD_ELASTIC_GROUP_FORM_TIMEOUT_S"):
+            if durations[name] <= 0:  # named with its value: a list of three said neither which nor why
+                raise ConfigError(f"{name}={durations[name]!r}: must be positive")
         if self.backend not in ("", "gloo", "nccl"):
             raise ConfigError(f"CLOUD_ELASTIC_BACKEND={self.backend!r}: use gloo or nccl")
         if self.commit_mode not in ("auto", "snapshot"):

@@ -7,7 +7,8 @@ Real jobs on loopback hosts:
   a good host that would have met ``--min-np``, and the end line blamed the firewall. Its worker now exits with
   one line before it registers, its slot is blacklisted, and the good host trains;
 * a script's name mistyped ended "exited with code 2" only: the interpreter's line is in the end line now;
-* ``--checkpoint-dir python train.py`` (the directory forgotten) is warned of at start;
+* ``--checkpoint-dir python train.py`` (the directory forgotten) is warned of at start, and so is ``-x NAME``
+  with NAME not set in the driver's environment (a forgotten ``export``: remote workers ran without it, unsaid);
 * ``status JOB`` just after the job ended says how it ended, not "no job JOB on this machine" (finding 8), and
   exits 0, as an answer, not as a mistake on the command line.
 """
@@ -53,6 +54,16 @@ def test_a_forgotten_checkpoint_dir_value_is_warned_of(jobs, tmp_path):
     assert job.lines[0] == ("cloud-elastic: warning: --checkpoint-dir 'sh' names a program, and the command "
                             "left starts with the script 'train.sh', which is no program: was --checkpoint-dir's "
                             "value forgotten? (--checkpoint-dir DIR sh train.sh ...)"), job.output()
+
+
+def test_a_forwarded_variable_the_driver_does_not_have_is_warned_of(jobs, tmp_path):
+    """``-x NAME`` passes the driver's value; a forgotten ``export`` left remote workers without it, unsaid."""
+    env = {k: v for k, v in os.environ.items() if k != "CE_NOT_EXPORTED"}
+    job = jobs(["run", "-np", "1", "-H", "127.0.0.1:1", "-x", "CE_NOT_EXPORTED", "-x", "CE_GIVEN=1",
+                sys.executable, str(PROBE), "--steps", "2"], env=env)
+    assert job.finish(timeout=45) == 0, job.output()
+    assert job.lines[0] == ("cloud-elastic: warning: -x CE_NOT_EXPORTED: not set in the driver's environment, so not "
+                            "passed to the workers (export it, or give -x NAME=VALUE)"), job.output()
 
 
 def test_status_right_after_the_job_ended_says_how_it_ended(jobs, tmp_path):

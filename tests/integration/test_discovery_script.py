@@ -69,3 +69,16 @@ def test_later_failures_and_hangs_keep_the_last_hosts_and_the_job_completes(jobs
     assert "did not finish within 1s and was killed" in out
     assert "exited with code 1" in out
     assert {e["step"] for e in job.of("done")} == {90} and len(job.of("done")) == 2
+
+
+def test_a_first_discovery_failing_with_a_new_number_each_time_is_said_once_and_asked_less_often(jobs, tmp_path):
+    """A cloud API's error carries a request id or a time: before, a new job logged it once a call (one line a
+    second for --start-timeout, 600 s by default) and called at the interval; now as a running job does."""
+    calls = tmp_path / "calls"
+    script = _script(tmp_path, f"echo x >> '{calls}'\necho \"$(date +%s%N) ERROR could not reach the API\" >&2\nexit 1\n")
+    job = jobs(["run", "-np", "1", "--start-timeout", "8", "--discovery-interval", "1", "--host-discovery-script",
+                str(script), *probe_cmd()])
+    assert job.finish(timeout=60) == 1, job.output()
+    warnings = [line for line in job.lines if "host discovery failed" in line]
+    assert len(warnings) == 1 and "waits for hosts up to --start-timeout 8s" in warnings[0], job.output()
+    assert len(calls.read_text().split()) <= 5, calls.read_text()  # 1, 2, 4 s apart: not one a second

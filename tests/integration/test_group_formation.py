@@ -43,8 +43,10 @@ def test_a_group_that_never_forms_fails_the_round_at_the_formation_deadline():
 
 
 def test_the_formation_deadline_must_be_positive():
-    with pytest.raises(ConfigError, match="CLOUD_ELASTIC_GROUP_FORM_TIMEOUT_S must be positive"):
+    with pytest.raises(ConfigError, match=r"CLOUD_ELASTIC_GROUP_FORM_TIMEOUT_S=0\.0: must be positive"):
         WorkerSettings.from_environ({"CLOUD_ELASTIC_GROUP_FORM_TIMEOUT_S": "0"})
+    with pytest.raises(ConfigError, match=r"^CLOUD_ELASTIC_COLLECTIVE_TIMEOUT_S=-5\.0: must be positive$"):
+        WorkerSettings.from_environ({"CLOUD_ELASTIC_COLLECTIVE_TIMEOUT_S": "-5"})
 
 
 def test_the_round_after_an_abandoned_formation_forms_at_once():

@@ -84,6 +84,9 @@ CASES = {
                                      *TRAIN), "--checkpoint-interval and --checkpoint-keep given without --checkpoint-dir"),
     "checkpoint-keep-no-dir": Case(("-np", "1", "-H", "h", "--checkpoint-keep", "3", *TRAIN),
                                    "error: --checkpoint-keep given without --checkpoint-dir"),
+    # An unset $CKPT: the checkpoints and the driver's record went to the current directory (review h23).
+    "checkpoint-dir-empty": Case(("-np", "1", "-H", "h", "--checkpoint-dir", "", *TRAIN),
+                                 "error: --checkpoint-dir is empty: give a directory or a URL"),
     # A typo'd loopback address failed every round for --elastic-timeout (review s63 rvU finding 3).
     "ipv4-typo": Case(("-np", "2", "-H", "127.0.0.2:1,127.0.0.300:1", *TRAIN),
                       "--hosts: entry 2: host '127.0.0.300' is not an IPv4 address"),

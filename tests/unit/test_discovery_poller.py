@@ -419,3 +419,29 @@ def test_a_fault_of_the_pollers_own_is_a_failed_poll_and_discovery_goes_on(monke
         finally:
             poller.close()
     assert [r.message for r in caplog.records] == ["the discovery poller failed"]
+
+
+def test_a_providers_bug_in_the_first_calls_prints_its_traceback_once_a_streak(caplog) -> None:
+    """The driver's first calls go through poll_once and report their failures with failed(): a provider raising
+    something unexpected (a plugin's OverflowError on 1e400 slots) printed its traceback every call before."""
+    class Buggy(HostDiscovery):
+        name = "buggy"
+
+        @classmethod
+        def from_options(cls, options: Mapping[str, str], *, slots_per_host: int | None = None) -> "Buggy":
+            return cls()
+
+        def find(self) -> DiscoveredHosts:
+            return DiscoveredHosts(ready={"a": int(float("1e400"))})
+
+    caplog.set_level(logging.DEBUG, logger="cloud_elastic")
+    poller = DiscoveryPoller(Buggy(), lambda r: None, interval_s=1.0)
+    try:
+        for _ in range(3):
+            result = poller.poll_once()
+            assert isinstance(result, DiscoveryFailure) and "OverflowError" in result.message
+            poller.failed(result.message, time.monotonic())
+    finally:
+        poller.close()
+    tracebacks = [r for r in caplog.records if r.exc_info and r.levelno >= logging.ERROR]
+    assert len(tracebacks) == 1, [r.getMessage() for r in tracebacks]

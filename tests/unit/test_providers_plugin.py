@@ -34,6 +34,10 @@ def test_a_half_written_file_is_retryable_and_a_wrong_shape_is_fatal(tmp_path):
         _hostsfile(tmp_path, '["a", "b"]').find()
     with pytest.raises(FatalDiscoveryError, match="invalid slot count"):
         _hostsfile(tmp_path, '{"ready": {"a": 0}}').find()
+    # Before: 1e400 raised OverflowError out of the provider (a traceback a call), and true was one slot.
+    for slots, read in (("1e400", "Infinity"), ("true", "true"), ("1.5", "1.5")):
+        with pytest.raises(FatalDiscoveryError, match=f"host a: slots must be a whole number, not {read}"):
+            _hostsfile(tmp_path, '{"ready": {"a": %s}}' % slots).find()
 
 
 def test_the_shipped_providers_are_the_entry_points_pyproject_registers():

@@ -53,6 +53,9 @@ def test_flags_map_to_provider_and_options(argv, expected):
     (["-H", "a", "--provider", "gcp"], "choose one host source: -H/--hosts, --provider gcp were given"),
     (["-H", ""], "-H/--hosts is empty: give host"),
     (["-H", " "], "-H/--hosts is empty"),
+    # An unset $SCRIPT or $PROVIDER: it read "no hosts: give -H/--hosts, --host-discovery-script, ..." (review h23).
+    (["--host-discovery-script", ""], "--host-discovery-script is empty: give the path of a script"),
+    (["--provider", " "], "--provider is empty: give a provider's name"),
     (["--aws-asg", "a", "--gcp-zone", "z"], "--gcp-zone needs --gcp-mig (or --provider gcp)"),
     (["--provider", "hostsfile", "--aws-region", "r"], "--aws-region needs --aws-asg"),
     # Accepted and ignored, these were: a user who gave a notice queue got no notices and no word.

@@ -252,6 +252,11 @@ class DiscoveryPoller:
         except Exception:  # the provider is then polled at the interval only; the job goes on
             log.exception("discovery provider %s could not set up its news receiver", type(self._discovery).__name__)
 
+    def failed(self, message: str, now: float) -> float:
+        """A failure of a call made through :meth:`poll_once` (the driver's first calls): logged and spaced as the
+        poller's own are (see :class:`FailingStreak`); the wait before the next call."""
+        return self._streak.failed(message, now)
+
     def _run(self) -> None:
         self._ask_for_wakeups()
         while not self._stop.is_set():

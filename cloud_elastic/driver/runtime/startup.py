@@ -73,8 +73,15 @@ def first_discovery(job: ElasticJob, cond: JobCondition, discovery: HostDiscover
     ``once``: one call; None also when it failed and the job goes on (a restarted driver adopting its workers
     goes on with their hosts meanwhile: ``Driver._start_adopting``).
     """
+    def meanwhile() -> str:
+        flag, limit = (("--elastic-timeout", config.elastic_timeout_s) if job.discovery.answered_before
+                       else ("--start-timeout", config.start_timeout_s))
+        return f"; the job waits for hosts up to {flag} {limit:g}s"
+
+    # Its failures are logged and spaced as a running job's are (numbers masked, fewer calls while they fail, one
+    # traceback of a provider's bug a streak): a cloud API failing at start logs a handful of lines, not one a second.
     poller = DiscoveryPoller(discovery, lambda r: None, interval_s=config.discovery_interval_s,
-                             call_timeout_s=call_timeout_s)
+                             call_timeout_s=call_timeout_s, meanwhile=meanwhile)
     try:
         return _discover_first(poller, job, cond, config, clock, stop_reason, tick_s, once)
     finally:
@@ -87,7 +94,7 @@ def _discover_first(poller: DiscoveryPoller, job: ElasticJob, cond: JobCondition
     with cond:
         started, answered = clock(), job.discovery.answered_before  # then --elastic-timeout bounds it
         job.start(started, wall_now=time.time())
-    said = ""
+    said, wait_s = "", config.discovery_interval_s
     while True:
         # A new job's hanging call is given up on just past --start-timeout, when tick() ends the job.
         left_s = None if answered else started + config.start_timeout_s - clock() + tick_s
@@ -105,18 +112,18 @@ def _discover_first(poller: DiscoveryPoller, job: ElasticJob, cond: JobCondition
                 # Cut short by --start-timeout, not the provider's fault: the job ends on the last real failure.
                 job.discovery_failed(said, fatal=False, now=clock())
             else:
-                if result.message != said and not result.fatal and not once:
+                if not result.fatal and not once:
                     said = result.message
-                    log.warning("host discovery failed: %s; retrying (up to %s %gs)", result.message,
-                                *(("--elastic-timeout", config.elastic_timeout_s) if answered
-                                  else ("--start-timeout", config.start_timeout_s)))
+                    wait_s = poller.failed(result.message, clock())
                 job.discovery_failed(result.message, fatal=result.fatal, now=clock())
                 if once:
                     return None  # the caller says what the job does meanwhile; nothing is judged before it
             job.tick(clock())
             if job.outcome is not None:
                 return None
-            cond.wait(config.discovery_interval_s)
+            # Never past --start-timeout: the job ends there (its tick), not a back-off later.
+            until_end = None if answered else started + config.start_timeout_s - clock() + tick_s
+            cond.wait(max(tick_s, min(wait_s, until_end)) if until_end is not None else wait_s)
 
 
 def adopted_hosts(workers: Iterable[AdoptedWorker]) -> DiscoveredHosts:

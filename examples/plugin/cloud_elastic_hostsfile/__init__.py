@@ -70,13 +70,13 @@ class HostsFile(HostDiscovery):
             raise RetryableDiscoveryError(f"hosts file {self.path} is not valid JSON (being rewritten?): {exc}") from exc
         try:
             return self._snapshot(document)
-        except (TypeError, ValueError, AttributeError) as exc:
+        except (TypeError, ValueError, AttributeError, OverflowError) as exc:
             raise FatalDiscoveryError(f"hosts file {self.path}: {exc}") from exc
 
     def _snapshot(self, document: Any) -> DiscoveredHosts:
         if not isinstance(document, dict) or not isinstance(document.get("ready", {}), dict):
             raise ValueError('expected {"ready": {host: slots}, "draining": {host: reason}}')
-        ready = {str(h): self.slots_per_host or int(s) for h, s in document.get("ready", {}).items()}
+        ready = {str(h): self.slots_per_host or _slots(h, s) for h, s in document.get("ready", {}).items()}
         draining = {}
         for host, entry in (document.get("draining") or {}).items():
             if isinstance(entry, str):
@@ -86,3 +86,10 @@ class HostsFile(HostDiscovery):
                 draining[str(host)] = Drain(deadline=None if deadline is None else float(deadline),
                                             reason=str(entry.get("reason", "draining")))
         return DiscoveredHosts(ready=ready, draining=draining)
+
+
+def _slots(host: Any, slots: Any) -> int:
+    """A host's slot count as the file gives it: a whole number (``true``, ``1.5`` or ``1e400`` is no count)."""
+    if isinstance(slots, bool) or not isinstance(slots, (int, str)) or not str(slots).strip().isdigit():
+        raise ValueError(f"host {host}: slots must be a whole number, not {json.dumps(slots)}")
+    return int(slots)
