@@ -104,3 +104,47 @@ def test_attaching_to_a_worker_that_has_ended_says_so():
     _, err = attach.communicate(b"", timeout=30)
     assert attach.returncode == 1
     assert marker_line(nonce, 1, "gone") in err.decode() and "any more" in err.decode()
+
+
+def test_an_attach_whose_wrapper_closes_first_still_passes_on_its_last_output_and_marker(tmp_path):
+    """The worker ends and its wrapper sends its last output and marker line, then closes; the driver writes on
+    the attach connection meanwhile (a keepalive). That write failing ended the attach process at once, cutting
+    off what it was still passing on: a worker that had finished read as a wrapper that never started it (seen
+    in CI: ``test_ssh_adopted_output``, an adopted worker with a megabyte of kept output)."""
+    import socket
+    import threading
+
+    from cloud_elastic.driver.launch.ssh_output import ERR, OUT, frame
+
+    nonce = secrets.token_hex(8)
+    path = control_path(nonce)
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(1)
+    last = b"x" * (150 * 1024)  # more than the driver's end of the pipe holds until it reads (64 KiB)
+    marker = marker_line(nonce, 0, "exit") + "\n"
+    closed = threading.Event()
+
+    def wrapper() -> None:  # a stand-in for the wrapper whose worker just ended
+        conn, _ = server.accept()
+        conn.sendall(frame(OUT, last) + frame(ERR, marker.encode()))
+        conn.close()
+        closed.set()
+
+    threading.Thread(target=wrapper, daemon=True).start()
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", MODULE, "--attach", nonce], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=dict(os.environ, PYTHONPATH=REPO))
+        assert closed.wait(20), "the attach process did not connect"
+        time.sleep(0.2)
+        proc.stdin.write(b"keepalive\n")  # the driver writes; the wrapper has gone
+        proc.stdin.flush()
+        time.sleep(0.5)  # before: the process had ended by now, the rest of its output unsent
+        out, err = proc.communicate(timeout=30)
+    finally:
+        server.close()
+        os.unlink(path)
+    assert out == last, f"{len(out)} of {len(last)} bytes passed on"
+    assert marker in err.decode(), err
+    assert proc.returncode == 0, proc.returncode

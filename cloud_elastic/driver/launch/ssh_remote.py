@@ -565,7 +565,8 @@ def attach(nonce: str, stdin_fd: int = 0) -> None:
                 time.sleep(3600)  # answers() ends the process when the wrapper closes
         try:
             conn.sendall(chunk)
-        except OSError:
+        except OSError:  # the wrapper closed (its worker ended): answers passes its last words on, then exits;
+            time.sleep(60.0)  # exiting here cut the marker off (a finished worker read as one never started)
             os._exit(1)
 
 
