@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 
 import pytest
 
 from cloud_elastic.config import JobConfig
 from cloud_elastic.driver.restart.predecessor import open_store, plan_start
 from cloud_elastic.driver.runtime.driver import Driver
-from cloud_elastic.errors import FatalDiscoveryError
+from cloud_elastic.errors import FatalDiscoveryError, RetryableDiscoveryError
 from cloud_elastic.providers.api import DiscoveredHosts, HostDiscovery
 
 pytestmark = pytest.mark.timeout(60)
@@ -97,7 +98,6 @@ def test_a_first_discovery_call_that_hangs_ends_a_new_job_at_its_start_timeout(t
     """Found by review: a cloud API trickling its answer held ``cloud-elastic run --start-timeout 10`` silent for
     minutes (an SDK's timeouts bound each socket read, not a request)."""
     import threading
-    import time
 
     class Hanging(HostDiscovery):
         name = "hanging"
@@ -168,3 +168,38 @@ def test_a_start_timeout_that_cuts_a_retry_short_ends_the_job_on_the_real_failur
         discovery.go.set()
     assert outcome.exit_code == 1 and outcome.reason == (
         f"host discovery kept failing for {start_s:g}s (--start-timeout): line 1: slots must be >= 1"), outcome
+
+
+class AlwaysThrottled(HostDiscovery):
+    name = "throttled"
+
+    @classmethod
+    def from_options(cls, *args, **kwargs) -> "AlwaysThrottled":
+        return cls()
+
+    def __init__(self) -> None:
+        self.finds = 0
+
+    def find(self) -> DiscoveredHosts:
+        self.finds += 1
+        raise RetryableDiscoveryError(f"Throttling: Rate exceeded (request {self.finds})")
+
+
+def test_a_resumed_job_whose_discovery_keeps_failing_ends_at_its_elastic_timeout_not_a_back_off_later(
+        tmp_path, monkeypatch) -> None:
+    # The failing calls are spaced further apart each time (2 s, 4 s, ... up to 30 s): the job must still end at
+    # --elastic-timeout, on the last real failure, not at the first call after it (here 6 s; up to 30 s late).
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    config = JobConfig(command=("python", "train.py"), num_proc=1, min_np=1, max_np=1,
+                       checkpoint_dir=str(tmp_path / "ckpt"), discovery_interval_s=2.0, elastic_timeout_s=3.0)
+    store = open_store(config)
+    plan_start(config, store, job_id="j1")
+    store.save(500, {"step": 500}, {"job_id": "j1"})
+    discovery = AlwaysThrottled()
+    started = time.monotonic()
+    outcome = Driver(config, discovery, job_id="j1").run()
+    took = time.monotonic() - started
+    assert outcome.exit_code == 1 and re.match(
+        r"host discovery kept failing for 3s \(--elastic-timeout\): Throttling: Rate exceeded \(request \d\)",
+        outcome.reason), outcome
+    assert 3.0 <= took < 5.5, took  # the next call after the limit would have come at 6 s

@@ -95,9 +95,18 @@ def _discover_first(poller: DiscoveryPoller, job: ElasticJob, cond: JobCondition
         started, answered = clock(), job.discovery.answered_before  # then --elastic-timeout bounds it
         job.start(started, wall_now=time.time())
     said, wait_s = "", config.discovery_interval_s
+
+    def left() -> float | None:
+        """Seconds until the job ends for want of hosts, a tick past it: a new job's --start-timeout from its start, a
+        resumed job's --elastic-timeout from its first failure (``discovery_edge.failed``); None before that failure.
+        A call that hangs is given up on then, and no back-off waits past it (it grows to 30 s)."""
+        if not answered:
+            return started + config.start_timeout_s - clock() + tick_s
+        since = job.discovery_failing_since
+        return None if since is None else since + config.elastic_timeout_s - clock() + tick_s
+
     while True:
-        # A new job's hanging call is given up on just past --start-timeout, when tick() ends the job.
-        left_s = None if answered else started + config.start_timeout_s - clock() + tick_s
+        left_s = left()
         result = poller.poll_once(stopping=lambda: stop_reason() is not None,  # Ctrl-C ends a slow call
                                   timeout_s=left_s)
         with cond:
@@ -109,7 +118,7 @@ def _discover_first(poller: DiscoveryPoller, job: ElasticJob, cond: JobCondition
             if not isinstance(result, DiscoveryFailure):
                 return result
             if result.timed_out and said and left_s is not None and left_s < poller.limit_s:
-                # Cut short by --start-timeout, not the provider's fault: the job ends on the last real failure.
+                # Cut short by the job's limit (left()), not the provider's fault: it ends on the last real failure.
                 job.discovery_failed(said, fatal=False, now=clock())
             else:
                 if not result.fatal and not once:
@@ -121,8 +130,8 @@ def _discover_first(poller: DiscoveryPoller, job: ElasticJob, cond: JobCondition
             job.tick(clock())
             if job.outcome is not None:
                 return None
-            # Never past --start-timeout: the job ends there (its tick), not a back-off later.
-            until_end = None if answered else started + config.start_timeout_s - clock() + tick_s
+            # Never past the job's limit: it ends there (its tick, or the call then), not a back-off later.
+            until_end = left()
             cond.wait(max(tick_s, min(wait_s, until_end)) if until_end is not None else wait_s)
 
 
