@@ -16,14 +16,13 @@ priority, price, fallback mark or provider options (see :mod:`.sources`).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import click
 
-from cloud_elastic.config import MAX_DURATION_S
+from cloud_elastic.config import check_seconds
 from cloud_elastic.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -314,9 +313,7 @@ def build_discovery(args: DiscoveryArgs) -> "HostDiscovery":
 
     if args.slots_per_host is not None and not 1 <= args.slots_per_host <= MAX_SLOTS_PER_HOST:
         raise ConfigError(f"--slots-per-host must be 1-{MAX_SLOTS_PER_HOST}, got {args.slots_per_host}")
-    if not (math.isfinite(args.discovery_timeout) and 0 < args.discovery_timeout <= MAX_DURATION_S):
-        raise ConfigError(f"--discovery-timeout must be a finite number of seconds, > 0 and at most "
-                          f"{MAX_DURATION_S:g}, got {args.discovery_timeout!r}")
+    check_seconds("--discovery-timeout", args.discovery_timeout)
     if args.several:
         return build_sources(args)
     name, options = selected_provider(args)

@@ -16,6 +16,8 @@ pytestmark = pytest.mark.timeout(30)
 @pytest.mark.parametrize("line", [
     "python: can't open file '/home/u/ddp_portd.py': [Errno 2] No such file or directory",
     "/opt/venv/bin/python3.11: can't open file 'train.py': [Errno 13] Permission denied",
+    "train.py: error: argument --lr: invalid float value: 'x'",  # argparse: an option of the script mistyped
+    "train.py: error: the following arguments are required: --data",
 ])
 def test_the_interpreters_cant_open_file_line_names_the_exit(line: str) -> None:
     last = LastErrors(lambda: 100.0)
@@ -26,5 +28,6 @@ def test_the_interpreters_cant_open_file_line_names_the_exit(line: str) -> None:
 def test_a_line_that_only_mentions_opening_a_file_is_no_error() -> None:
     last = LastErrors(lambda: 100.0)
     last.offer("w", "epoch 3: I can't open file x yet, retrying")
+    last.offer("w", "epoch 3: error: 0.25 (validation)")  # a colon-separated word before ': error:' is no program
     assert last.attach("w", ExitStatus(2))[0].describe == "exited with code 2"
 

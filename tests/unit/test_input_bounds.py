@@ -118,14 +118,17 @@ def test_the_elastic_timeout_from_the_environment_is_checked_too(monkeypatch, va
         elastic_timeout_default()
 
 
-@pytest.mark.parametrize("value", ["nan", "inf", "0", "-1"])
-def test_the_discovery_timeout_is_checked(tmp_path, value: str) -> None:
+@pytest.mark.parametrize(("value", "says"), [
+    ("nan", "must be a finite number of seconds, got nan"), ("inf", "must be a finite number of seconds, got inf"),
+    ("0", "must be > 0, got 0"), ("-1", "must be > 0, got -1"), ("1e12", "must be at most 3.1536e+07 seconds")])
+def test_the_discovery_timeout_is_checked(tmp_path, value: str, says: str) -> None:
     script = tmp_path / "hosts.sh"
     script.write_text("#!/bin/sh\necho 127.0.0.1\n")
     script.chmod(0o755)
     args = parse_discovery_args(["--host-discovery-script", str(script), "--discovery-timeout", value])
-    with pytest.raises(ConfigError, match="timeout"):
+    with pytest.raises(ConfigError) as raised:
         build_discovery(args)
+    assert str(raised.value).startswith(f"--discovery-timeout {says}"), raised.value  # as every other duration
 
 
 @pytest.mark.parametrize("value", ["nan", "inf", "1e12"])

@@ -94,11 +94,14 @@ def launch_through_processes(sim: Sim, command: tuple[str, ...], cwd: str) -> No
 
 @pytest.mark.parametrize(("command", "code", "why"), [
     (("pyton", "train.py"), 127, "could not start its command 'pyton': No such file or directory"),
-    (("./noexec.sh",), 126, "could not start its command './noexec.sh': Permission denied"),
+    (("./noexec.sh",), 126, "could not start its command './noexec.sh': Permission denied (no execute permission: "
+                            "chmod +x it, or name its interpreter, e.g. python script.py)"),
+    (("./adir",), 126, "could not start its command './adir': Permission denied (it is a directory, not a program)"),
 ])
 def test_a_local_command_that_cannot_be_executed_ends_the_job_at_once_naming_it(
         caplog, tmp_path, command: tuple[str, ...], code: int, why: str) -> None:
     (tmp_path / "noexec.sh").write_text("echo hi\n")  # no x bit
+    (tmp_path / "adir").mkdir()  # a directory given as the command
     sim = Sim(2)
     sim.discover({"localhost": 2})
     with caplog.at_level(logging.WARNING, logger="cloud_elastic.driver"):
@@ -114,3 +117,13 @@ def test_min_np_above_np_names_the_two_flags_given() -> None:
     with pytest.raises(ConfigError) as raised:
         JobConfig(command=("python", "t.py"), num_proc=2, min_np=3, max_np=2)
     assert str(raised.value) == "--min-np (3) must be <= -np (2)"
+
+
+@pytest.mark.parametrize(("hosts", "says_none"), [({}, True), ({"a": 1}, False)])
+def test_a_job_that_cannot_start_says_when_discovery_found_no_host_at_all(hosts: dict, says_none: bool) -> None:
+    # A discovery script that prints nothing (a filter that matched no instance) is not "too few slots": say so.
+    sim = Sim(2, start_timeout_s=5)
+    sim.discover(hosts)
+    sim.advance(7)
+    assert sim.outcome is not None and "only" in sim.outcome.reason and "-np 2 needed to start" in sim.outcome.reason
+    assert sim.outcome.reason.endswith("; host discovery found no hosts at all") is says_none, sim.outcome.reason

@@ -166,8 +166,12 @@ class Capacity:
                 why = f"host discovery kept failing for {policy.start_timeout_s:g}s (--start-timeout): "
                 job.end(False, why + job.last_discovery_error, 1)
                 return
+            hosts = job.hosts
+            none = (job.discovered_once and not hosts.ready and not hosts.draining and not hosts.missing
+                    and not job.discovery_failing_since)
             job.end(False, f"only {free} slot(s) available after {policy.start_timeout_s:g}s; "
-                           f"-np {policy.num_proc} needed to start{self._discovery_failing(now)}", 1)
+                           f"-np {policy.num_proc} needed to start{self._discovery_failing(now)}"
+                           f"{'; host discovery found no hosts at all' if none else ''}", 1)
 
     def _round_finishing(self) -> bool:
         """A member of the current round returned from its training function at the job's newest commit while rank 0

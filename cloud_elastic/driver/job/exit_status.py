@@ -20,11 +20,12 @@ __all__ = ["ExitStatus", "LastErrors", "reported_error_line", "signal_name"]
 
 #: An output line that reads as an error: a C++ exception's ``what():`` (Gloo's ``EnforceNotMet``), ``terminate
 #: called ...``, a Python ``SomeError: ...`` / ``SomeException: ...`` line (not faulthandler's dump that follows),
-#: or the interpreter's own ``python3: can't open file '...': [Errno 2] ...`` (a script's name mistyped).
+#: the interpreter's own ``python3: can't open file '...': [Errno 2] ...`` (a script's name mistyped), or argparse's
+#: ``train.py: error: argument --lr: invalid float value: 'x'`` (a script's option mistyped: exit code 2).
 #: Bounded, as it runs on every line a worker prints, under the driver's GIL: unbounded ``[\w.]*`` and ``[^:]*``
 #: backtracked quadratically on a long line of ``Error.`` tokens without a colon (1.5 s for 64 KB).
 _ERROR_LINE = re.compile(r"\s*(what\(\):|terminate called|[\w.]{0,200}(Error|Exception)\b[^:]{0,200}:"
-                         r"|[^\s:]{0,200}: can't open file )")
+                         r"|[^\s:]{0,200}: can't open file |[^\s:]{1,200}: error: )")
 
 #: Only this many leading characters of a line are looked at (:data:`_ERROR_LINE`): an error line's head, its
 #: colon included, comes well before; what follows is at most :data:`MAX_LAST_ERROR` characters kept anyway.

@@ -380,6 +380,10 @@ class CommandNotStarted(LaunchError):
             what += f" (its working directory {cwd!r})"
         elif code == 127 and os.sep in command and os.path.isfile(os.path.join(cwd or "", command)):
             what += " (the interpreter its #! line names; a CRLF line end?)"
+        elif code == 126 and os.sep in command and os.path.isdir(os.path.join(cwd or "", command)):
+            what += " (it is a directory, not a program)"
+        elif code == 126 and os.sep in command and os.path.isfile(os.path.join(cwd or "", command)):
+            what += " (no execute permission: chmod +x it, or name its interpreter, e.g. python script.py)"
         why = f"could not start its command {command!r}: {what} (exit code {code})"
         super().__init__(why)
         self.status = NotStarted(code, why=why)
