@@ -73,6 +73,7 @@ from cloud_elastic.driver.launch.ssh_wire import (EXIT_REPORT_ENV, MARKER, MODUL
                                                   SECRET_ENV, SECRET_FD_ENV, STARTED, WrapperArgs, exit_code,
                                                   marker_line, parse_args, parse_env, parse_exit_report, parse_marker,
                                                   report_line, secret_fd_value, secret_pipe, sent_line, wrapper_argv)
+from cloud_elastic.driver.launch.ssh_leftovers import sweep
 from cloud_elastic.driver.launch.ssh_output import OutputPump, relay_frames
 
 __all__ = ["SECRET_ENV", "SECRET_FD_ENV", "secret_pipe", "secret_fd_value", "MARKER", "WrapperArgs", "parse_args",
@@ -352,6 +353,7 @@ class Wrapper:
         if not _private_socket_dir(path):
             _say(f"cannot make a private directory for {path}: a restarted driver cannot adopt this worker")
             return None
+        sweep(os.path.dirname(path))  # what killed wrappers and old exit reports left there (once an hour)
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             if os.path.exists(path):
