@@ -73,6 +73,12 @@ def _predecessor(root, ckpt: str, secret: str, grace_s: float = 60.0) -> int:
     workers' ``grace_s``)."""
     directory = root / "cloud-elastic" / JOB
     directory.mkdir(parents=True, mode=0o700)
+    from cloud_elastic.checkpoint import CheckpointStore, DurableJobRecord, write_job_record
+
+    # As it started, it wrote its job record to --checkpoint-dir (plan_start): a store holding nothing is
+    # another storage, refused (test_start_plan's test_a_dead_drivers_storage_found_empty_is_refused).
+    write_job_record(CheckpointStore(ckpt), DurableJobRecord(JOB, ("python", "train.py"), time.time()),
+                     only_if_absent=True)
     pid = _dead_pid()
     (directory / "driver.json").write_text(json.dumps({"pid": pid}))
     (directory / "secret").write_text(secret)

@@ -4,6 +4,8 @@ and real driver records on disk: the job's identity, resume, adopt, and the wait
 from __future__ import annotations
 
 import json
+import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -52,6 +54,12 @@ def _dead_driver(root, job: str, ckpt: str, *, workers: bool) -> int:
     """The records a driver of ``job`` killed a moment ago leaves on this machine."""
     directory = root / "cloud-elastic" / job
     directory.mkdir(parents=True, mode=0o700)
+    from cloud_elastic.checkpoint import CheckpointStore, DurableJobRecord, write_job_record
+
+    # As it started, it wrote its job record to --checkpoint-dir (plan_start): a store holding nothing is
+    # another storage, refused (test_start_plan's test_a_dead_drivers_storage_found_empty_is_refused).
+    write_job_record(CheckpointStore(ckpt), DurableJobRecord(job, ("python", "train.py"), time.time()),
+                     only_if_absent=True)
     pid = _dead_pid()
     (directory / "driver.json").write_text(json.dumps({"pid": pid}))
     (directory / "secret").write_text("s" * 64)
@@ -255,3 +263,29 @@ def test_a_start_on_a_finished_jobs_directory_says_that_job_succeeded_there_befo
     with caplog.at_level(logging.WARNING):
         assert plan_start(config, open_store(config), job_id="j4").resumed
     assert "already succeeded" not in caplog.text
+
+
+@pytest.mark.parametrize(("workers", "then"), [(True, "missing"), (False, "empty")])
+def test_a_dead_drivers_storage_found_empty_is_refused(tmp_path, monkeypatch, workers: bool, then: str) -> None:
+    # Review h25: a driver killed, its --checkpoint-dir renamed away (a volume not mounted after a reboot looks the
+    # same), the same command run again: it said "the previous workers wrote no checkpoint", trained from initial
+    # weights and succeeded. This machine's record of that driver says the storage held its job.
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    ckpt = tmp_path / "ckpt"
+    _dead_driver(tmp_path, "a1b2c3d4", str(ckpt), workers=workers)
+    shutil.rmtree(ckpt)
+    if then == "empty":
+        ckpt.mkdir()
+    config = _config(str(ckpt))
+    with pytest.raises(ConfigError) as raised:
+        plan_start(config, open_store(config), job_id="mine")
+    record = tmp_path / "cloud-elastic" / "a1b2c3d4" / "adopt.json"
+    assert re.fullmatch(
+        rf"job a1b2c3d4's driver \(pid \d+\) checkpointed to {re.escape(str(ckpt))} and died \d+s ago, but "
+        rf"{re.escape(str(ckpt))} holds nothing of it now \(no job.json, checkpoint or claim\): not training it again "
+        rf"from initial weights; mount or restore that storage, or, to start a new job there from initial weights, "
+        rf"remove that driver's record \({re.escape(str(record))}\)", str(raised.value)), raised.value
+    assert not (ckpt / "job.json").exists()  # nothing claimed by the refused start
+    record.unlink()  # what the line says to do: a new job, from initial weights, as asked
+    plan = plan_start(config, open_store(config), job_id="mine")
+    assert plan.job_id == "mine" and not plan.resumed and plan.adopt is None

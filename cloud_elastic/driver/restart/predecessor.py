@@ -47,7 +47,7 @@ from typing import Any, Callable
 
 from cloud_elastic.config import JobConfig
 from cloud_elastic.driver.restart.finished import say_if_succeeded
-from cloud_elastic.driver.restart.record import AdoptionRecord, find_records
+from cloud_elastic.driver.restart.record import RECORD_NAME, AdoptionRecord, find_records
 from cloud_elastic.driver.restart.stored import list_checkpoints, newer_link, refuse_if_job_gone, resumes
 from cloud_elastic.errors import CheckpointError, ConfigError
 from cloud_elastic.records import driver_running, find_jobs, job_dir, list_jobs, pid_alive, prune_gone, runtime_root
@@ -155,6 +155,7 @@ def _plan(config: JobConfig, store: Any, job_id: str) -> StartPlan:
             record = _record_lost(config, store, found)  # checkpoints whose record went: resume them, never restart
         else:
             refuse_if_job_gone(store)  # a job that ran here, its state and record gone: not trained over again
+            _refuse_if_store_lost(config, store)  # the same, known from this machine's record of a dead driver
     if record is None:
         job_id = adopt.job_id if adopt is not None else job_id
         _claim(store, config, job_id)
@@ -294,6 +295,22 @@ def wait_for_predecessor(plan: StartPlan, store: Any, wait: Callable[[float], bo
         except ConfigError as exc:  # refused as a start is: they are there, and must not be trained over
             stop(str(exc), 2)
     return WaitOutcome(resumed, True)
+
+
+def _refuse_if_store_lost(config: JobConfig, store: Any) -> None:
+    """ConfigError when a driver of ``--checkpoint-dir`` died on this machine (its adoption record is still here:
+    a driver that ended removes it) while the store holds nothing at all: that driver wrote its job record there as
+    it started (``_claim``), so this is not the storage it wrote to (a volume not mounted, a folder moved or
+    deleted). Starting a new job there trained the same command from initial weights and succeeded (review h25)."""
+    for record, pid, last_alive, started in find_records(runtime_root(), config.checkpoint_dir):
+        if driver_alive(pid, started, last_alive):
+            continue  # a live driver of it is refused with its own line
+        ago = time.time() - last_alive
+        raise ConfigError(
+            f"job {record.job_id}'s driver (pid {pid}) checkpointed to {store.url} and died {ago:.0f}s ago, but "
+            f"{store.url} holds nothing of it now (no job.json, checkpoint or claim): not training it again from "
+            f"initial weights; mount or restore that storage, or, to start a new job there from initial weights, "
+            f"remove that driver's record ({job_dir(record.job_id) / RECORD_NAME})")
 
 
 def _adoptable(config: JobConfig) -> tuple[AdoptionRecord | None, tuple[int, float, float] | None]:
