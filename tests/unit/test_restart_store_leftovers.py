@@ -155,3 +155,32 @@ def test_each_checkpoint_written_is_recorded_and_a_record_that_cannot_be_read_st
     (tmp_path / "ckpt" / "checkpointed.json").write_text("{not json")  # torn or tampered with: still a record
     with pytest.raises(ConfigError, match=r"^job j1 wrote a checkpoint \(its record cannot be read: "):
         plan_start(config, open_store(config), job_id="j2")
+
+
+def test_a_job_whose_newest_checkpoint_folder_is_gone_does_not_go_back_to_an_older_one_unasked(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """Review h25: the newest folder deleted, an older one kept: the restart resumed the older one, said it "cannot
+    say how many" steps were lost (``checkpointed.json`` said), and succeeded. Refused, with the way to go back."""
+    config, store = _job_j1(tmp_path, monkeypatch)
+    store.save(21, {"step": 21}, {"job_id": "j1"})
+    newest = store.save(31, {"step": 31}, {"job_id": "j1"})
+    shutil.rmtree(tmp_path / "ckpt" / newest.name)
+    message = _refusal(config, "j2")
+    assert message == (f"job j1 wrote a checkpoint of step 31 ({newest.name}) to {store.url}, which is gone now; the "
+                       f"newest there is of step 21: not going back to it unasked; put that checkpoint folder back, or "
+                       f"remove {store.backend.url('checkpointed.json')} to resume from step 21"), message
+    (tmp_path / "ckpt" / "checkpointed.json").unlink()  # the remedy: going back is asked for
+    with caplog.at_level(logging.WARNING):
+        plan = plan_start(config, open_store(config), job_id="j2")
+    assert plan.job_id == "j1" and plan.resumed and "the latest checkpoint is of step 21" in caplog.text
+
+
+def test_a_newest_checkpoint_that_is_there_but_unreadable_keeps_the_stores_own_rule(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Not "gone": the store skips it with a WARNING naming it and why, as it always did (CheckpointStore.latest).
+    config, store = _job_j1(tmp_path, monkeypatch)
+    store.save(21, {"step": 21}, {"job_id": "j1"})
+    newest = store.save(31, {"step": 31}, {"job_id": "j1"})
+    (tmp_path / "ckpt" / newest.name / "manifest.json").write_text("{torn")
+    plan = plan_start(config, open_store(config), job_id="j2")
+    assert plan.job_id == "j1" and plan.resumed

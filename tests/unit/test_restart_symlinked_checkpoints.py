@@ -62,8 +62,11 @@ def test_a_restart_over_checkpoint_folders_that_are_symbolic_links_is_refused_na
     assert "\n" not in message
     assert all((other / f.name / "manifest.json").exists() for f in folders if f.is_symlink())  # nothing deleted
     shutil.rmtree(other / folders[-1].name)
-    folders[-1].unlink()  # the newest gone for good, not a link any more: the job resumes from step 20
+    folders[-1].unlink()  # the newest gone for good, not a link any more: not gone back from unasked (review h25)
     if moved == "newest":
+        with pytest.raises(ConfigError, match=r"which is gone now; the newest there is of step 20"):
+            plan_start(config, open_store(config), job_id="j3")
+        (ckpt / "checkpointed.json").unlink()  # asked: the job resumes from step 20
         assert plan_start(config, open_store(config), job_id="j3").resumed
 
 

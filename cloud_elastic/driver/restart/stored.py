@@ -103,7 +103,34 @@ def list_checkpoints(store: Any, job_id: str) -> list[Any]:
                               "training it again from initial weights; put its checkpoint folders back, use a fresh "
                               f"--checkpoint-dir, or remove {store.backend.url(_CHECKPOINTED)} to train it from the "
                               "start there")
+    else:
+        _refuse_if_newest_gone(store, job_id, found)
     return found
+
+
+def _refuse_if_newest_gone(store: Any, job_id: str, found: list[Any]) -> None:
+    """ConfigError when ``checkpointed.json`` names a checkpoint of this job newer than every one read (``found``)
+    whose folder is gone: a restart went back to the older one, said it could not tell how many steps were lost,
+    and succeeded (review h25). One that is there but cannot be read is left to the store's rule (skipped with a
+    WARNING that names it and says why, ``CheckpointStore.latest``)."""
+    from cloud_elastic.checkpoint.store import read_record
+
+    try:
+        named = read_record(store, _CHECKPOINTED, _CHECKPOINTED, "checkpoint record",
+                            lambda body: (body.get("job_id"), body["step"], body["name"]))
+    except CheckpointError:
+        return  # unreadable: it names nothing to compare with
+    if named is None:
+        return
+    job, step, name = named
+    newest = found[0]
+    if (job not in (job_id, None, "") or type(step) is not int or not isinstance(name, str) or name <= newest.name
+            or name in {n for n, _ in store.unreadable()}):
+        return
+    raise ConfigError(f"job {job_id} wrote a checkpoint of step {step} ({' '.join(name[:80].split())}) to "
+                      f"{store.url}, which is gone now; the newest there is of step {newest.step}: not going back to "
+                      f"it unasked; put that checkpoint folder back, or remove {store.backend.url(_CHECKPOINTED)} to "
+                      f"resume from step {newest.step}")
 
 
 def refuse_if_job_gone(store: Any) -> None:
