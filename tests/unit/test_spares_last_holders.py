@@ -333,3 +333,62 @@ def test_the_stopped_former_rank_0_feeds_neither_the_step_rate_nor_the_step_metr
     plane.handle("poll", {"worker": a.worker_id, "round": 1, "update_gen": 0, "abort_round": 0, "commits": 5,
                           "commit_seq": 5})
     assert steps == [] and not plane.rate._samples
+
+
+def test_on_a_fixed_list_a_hand_drain_of_the_only_member_waits_for_the_spare_still_setting_up() -> None:
+    """Review h24: `-np 1 --spares 1 -H a:1,b:1`, the spare still in its set-up after hvd.init() (8 s in the repro),
+    `cloud-elastic drain JOB a`: the member was sent away at once, as if nobody could ever take the state over (the
+    spare's slot was counted as occupied, not as a successor), and the job failed "training state lost"."""
+    sim = Sim(1, spares=1, min_np=1, hosts_fixed=True)
+    sim.discover({"a": 1, "b": 1})
+    assert_round(sim.join("a[0]"), 1, needs_sync=True)
+    assert state(sim, "b[0]") is WorkerState.STARTING  # the spare has not reached rendezvous yet
+    sim.commit("a[0]")
+    sim.advance(1)
+    done, _ = sim.job.drain("a", None, sim.now)
+    assert done
+    sim.advance(1)
+    assert state(sim, "a[0]") is WorkerState.RUNNING and sim.outcome is None  # the last holder trains on
+    sim.advance(8)  # the spare's set-up
+    sim.join("b[0]")  # it arrives at rendezvous: it joins next to the holder
+    replies = sim.join("a[0]", reason="update")
+    assert_round({**replies, "b[0]": sim.reply("b[0]")}, 2, needs_sync=True)
+    assert sim.layout() == ["a[0]", "b[0]"]  # b receives the state from a
+    sim.commit("a[0]", "b[0]")
+    sim.advance(1)
+    assert state(sim, "a[0]") is WorkerState.DRAINING
+    replies = sim.join("a[0]", "b[0]", reason="update")
+    assert isinstance(replies["a[0]"], ExitOrder) and isinstance(replies["b[0]"], Assignment)
+    assert sim.layout() == ["b[0]"] and sim.outcome is None
+
+
+def test_a_holder_drained_right_after_a_spare_took_its_place_leaves_without_a_false_state_lost(caplog) -> None:
+    """Review h24: `-np 2 --spares 1` on three fixed hosts; a's host drained (the spare c takes its place), then b's
+    right after that round formed, before c's first commit was heard of: b was marked a last holder for good, wrote
+    an exit checkpoint, and its release said "holding the last copy of the training state: the training state is
+    lost" while c held that very commit and the job went on from it."""
+    sim = Sim(2, spares=1, min_np=1, hosts_fixed=True)
+    sim.discover({"a": 1, "b": 1, "c": 1})
+    assert_round(sim.join("a[0]", "b[0]"), 1, needs_sync=True)
+    assert sim.join("c[0]") == {"c[0]": None}  # the spare waits
+    sim.commit("a[0]", "b[0]")
+    sim.advance(1)
+    assert sim.job.drain("a", None, sim.now)[0]
+    sim.advance(1)
+    replies = sim.join("a[0]", "b[0]", reason="update")
+    assert isinstance(replies["a[0]"], ExitOrder)
+    assert_round({"b[0]": replies["b[0]"], "c[0]": sim.reply("c[0]")}, 2, needs_sync=True)
+    sim.exit("a[0]", CLEAN)
+    assert sim.job.drain("b", None, sim.now)[0]  # before c's first commit is heard of
+    sim.advance(1)
+    sim.commit("b[0]", "c[0]")  # the commit b leaves at: c holds it too
+    sim.advance(1)
+    with caplog.at_level(logging.INFO, logger="cloud_elastic"):
+        replies = sim.join("b[0]", "c[0]", reason="update")
+        assert isinstance(replies["b[0]"], ExitOrder) and isinstance(replies["c[0]"], Assignment)
+        sim.exit("b[0]", CLEAN)
+        sim.advance(1)
+    assert sim.layout() == ["c[0]"] and sim.outcome is None
+    assert "the training state is lost" not in caplog.text, caplog.text
+    assert f"host b drained (drained by hand" in caplog.text and "its workers left at a commit" in caplog.text
+    assert not sim.job.leavers.checkpoint_s  # no exit checkpoint asked of b

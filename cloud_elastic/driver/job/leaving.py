@@ -268,14 +268,16 @@ class Leavers:
 
     def _successor_possible(self) -> bool:
         """On a fixed host list: whether a worker may yet take the state over from holders on drained hosts (one
-        waiting, or a slot of a host not drained that no live worker holds and that is not blacklisted for good).
+        waiting, one still starting or setting up on a host not drained: a spare after hvd.init(), review h24; or a
+        slot of a host not drained that no live worker holds and that is not blacklisted for good).
         Review h9: a hand drain of a fixed list's last host replied that the job ends, while its holders, holding
         for a successor that could never come, trained on without end."""
         job = self._job
-        r = job.round
-        if any(o.state is S.WAITING and o.round != r for o in job.alive()):
-            return True
-        hosts = job.hosts
+        r, hosts = job.round, job.hosts
+        for o in job.alive():
+            if (o.state is S.WAITING and o.round != r) or (
+                    (o.state is S.STARTING or o.state is S.CONNECTED) and o.slot.host not in hosts.draining):
+                return True
         occupied = {(o.slot.host, o.slot.index) for o in job.alive()}
         return any((h, i) not in occupied and not hosts.blacklist.for_good(Slot(h, i))
                    for h, n in hosts.ready.items() if h not in hosts.held and h not in hosts.draining for i in range(n))
@@ -318,12 +320,23 @@ class Leavers:
         if w.worker_id not in self._last_holders:
             return
         deadline = self._last_holders.pop(w.worker_id)
+        if w.slot.host in job.hosts.draining and self._held_elsewhere(w.slot.host, w.commit_seq):
+            return  # one that stays came to hold that commit since (a spare synced beside it: review h24)
         self._last_hosts[w.slot.host] = max(w.commit_seq, self._last_hosts.get(w.slot.host, 0))
         if job.policy.checkpointing and self._writes(w):
             left = NO_DEADLINE_CHECKPOINT_S if deadline is None else (
                 deadline - (now + job.wall_offset) - job.policy.deadline_margin_s)
             self.checkpoint_s[w.worker_id] = max(0.0, left)
             self.left_at[w.worker_id] = w.commit_seq
+
+    def _held_elsewhere(self, host: str, seq: int) -> WorkerRecord | None:
+        """One that stays (on a host not draining, not a last holder itself) holding commit ``seq`` or newer; never
+        for ``host``'s parked leavers: they write what they hold, rank 0 may never return (see :mod:`.completion`)."""
+        job, draining = self._job, self._job.hosts.draining
+        return None if any(w.returned for w in job.workers.values() if w.slot.host == host) else next((
+            o for o in job.alive() if (o.state is S.RUNNING or o.state is S.WAITING) and o.holds_state and o.commit_seq
+            >= seq and o.slot.host != host and o.slot.host not in draining and o.worker_id not in self._last_holders),
+            None)
 
     def _writes(self, w: WorkerRecord) -> bool:
         """Whether last holder ``w``, leaving now, writes the checkpoint: exactly one host's do, chosen by the order
@@ -537,7 +550,11 @@ class Leavers:
                         f", {drain.deadline - (now + job.wall_offset):.1f}s before its deadline")
                     what = (f"job {job.job_id}: host {host} drained ({drain.reason}, notice from "
                             f"{self.sources.get(host, 'the provider')}){left}: ")
-                    if host in self._last_hosts:
+                    kept = self._held_elsewhere(host, self._last_hosts[host]) if host in self._last_hosts else None
+                    if kept is not None:  # its workers left as the last holders, and another came to hold it
+                        log.info("%sits workers left at a commit, which worker %s (%s) holds too; 0 steps lost", what,
+                                 kept.worker_id, kept.label)
+                    elif host in self._last_hosts:
                         log.warning("%sits workers left at a commit, holding the last copy of the training state: %s",
                                     what, self._last_copy_gone(host))
                     elif host in self._started_over:
