@@ -39,7 +39,7 @@ def error_line(text: str, limit: int = MAX_ERROR_LINE) -> str:
 
 #: What a durable checkpoint report says happened (kind ``checkpoint``): ``not_written`` is one attempt that failed
 #: in a way a later one may mend (storage trouble); the driver warns, and ends the job only by its own rule.
-CHECKPOINT_EVENTS = ("saved", "loaded", "failed", "not_written")
+CHECKPOINT_EVENTS = ("saved", "loaded", "failed", "not_written", "writing")
 #: What failed, in a ``failed`` report: loading the checkpoint of a ``from_checkpoint`` round, writing one (a
 #: state the checkpoint cannot hold), or ``--checkpoint-dir`` itself (storage this worker sees apart from the
 #: driver's), or the checkpoint found does not fit the state it was to be loaded into (``mismatch``: another
@@ -297,6 +297,9 @@ class CheckpointReport:
         if event == "not_written":
             step = None if msg.get("step") is None else _field(msg, "step", what, int, "an integer")
             return cls(event, step, reason=_field(msg, "reason", what, str, "a string")[:600])
+        if event == "writing":  # before the checkpoint of commit_seq is published (see Driver's control plane)
+            return cls(event, _field(msg, "step", what, int, "an integer"),
+                       commit_seq=_field(msg, "commit_seq", what, int, "a non-negative integer", lambda v: v >= 0))
         seq = None if msg.get("commit_seq") is None else _field(msg, "commit_seq", what, int, "an integer")
         step, path = _field(msg, "step", what, int, "an integer"), _field(msg, "path", what, str, "a string")
         duration, size = msg.get("duration_s"), msg.get("bytes")

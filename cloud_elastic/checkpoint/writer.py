@@ -62,9 +62,11 @@ class CheckpointWriter:
     """
 
     def __init__(self, store: CheckpointStore, *, thread_name: str = "cloud-elastic-checkpoint",
-                 on_written: Callable[[CheckpointInfo, float], None] | None = None) -> None:
+                 on_written: Callable[[CheckpointInfo, float], None] | None = None,
+                 before_write: Callable[[int, Mapping[str, Any] | None], None] | None = None) -> None:
         self.store = store
         self._on_written = on_written
+        self._before_write = before_write
         self._thread_name = thread_name
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
@@ -161,6 +163,11 @@ class CheckpointWriter:
                     return
             began = time.perf_counter()
             info, error = None, None
+            if self._before_write is not None:
+                try:
+                    self._before_write(job.step, job.meta)
+                except Exception:  # a report that fails must not stop the write
+                    log.warning("reporting the checkpoint of step %d before its write failed", job.step, exc_info=True)
             try:
                 info = self.store.save(job.step, job.payload, job.meta)
             except Exception as exc:  # a failed upload must not stop training or the next checkpoint

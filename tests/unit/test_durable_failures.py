@@ -60,7 +60,11 @@ def _ctx(job_id: str = "job-1") -> SimpleNamespace:
     ctx = SimpleNamespace(info=SimpleNamespace(rank=0, size=2), job_id=job_id, worker_id="10.0.0.7[0]#1",
                           hostname="10.0.0.7", driver_lost=False, reports=reports,
                           ledger=SimpleNamespace(commit_seq=1, held=[]))
-    ctx.report_checkpoint = lambda event, **fields: reports.append((event, fields))
+    # "writing" (the commit a write is about to publish: test_checkpoint_heard_before_written) apart, with the count
+    # of the other reports sent before it: each of those comes before that write's "saved".
+    ctx.writing = []
+    ctx.report_checkpoint = lambda event, **fields: (ctx.writing.append((len(reports), fields)) if event == "writing"
+                                                     else reports.append((event, fields)))
     ctx.ledger.hold_commit = ctx.ledger.held.append
     return ctx
 
@@ -109,6 +113,7 @@ def test_the_drivers_record_is_read_once_and_rank_0_then_writes_and_loads(tmp_pa
     schedule.after_commit(state)  # not due (60 s interval): no second read either
     assert schedule.stop_writing(30)
     assert reads == [url] and [(e, f["step"]) for e, f in ctx.reports] == [("saved", 1)]
+    assert ctx.writing == [(0, {"step": 1, "commit_seq": 1})]  # heard of before the "saved" (index 0) was sent
     fresh = _State(step=0, w=torch.zeros(2))
     assert schedule.load_latest(fresh).step == 1 and fresh.step == 1 and torch.equal(fresh.w, state.w)
     schedule.after_commit(fresh)  # rank 0 again after the load: its writer starts anew

@@ -62,7 +62,11 @@ def _ctx() -> SimpleNamespace:
         device=torch.device("cpu"), job_id="job-1", worker_id="127.0.0.1[0]#1", hostname="127.0.0.1", driver_lost=False,
         reports=reports, ledger=SimpleNamespace(commit_seq=0, held=[]),
     )
-    ctx.report_checkpoint = lambda event, **fields: reports.append((event, fields))
+    # "writing" (the commit a write is about to publish: test_checkpoint_heard_before_written) apart, with the count
+    # of the other reports sent before it: each of those comes before that write's "saved".
+    ctx.writing = []
+    ctx.report_checkpoint = lambda event, **fields: (ctx.writing.append((len(reports), fields)) if event == "writing"
+                                                     else reports.append((event, fields)))
     ctx.ledger.hold_commit = ctx.ledger.held.append
     return ctx
 
@@ -167,6 +171,7 @@ def test_a_checkpoint_is_written_in_the_background_from_a_copy_made_at_its_commi
     release.set()
     assert durable.stop_writing(timeout=30)
     assert [(e, f["step"]) for e, f in ctx.reports] == [("saved", 2)]
+    assert ctx.writing == [(0, {"step": 2, "commit_seq": 2})]  # heard of before its "saved"
     other = _state(seed=5)
     other.seen = torch.full((3,), 9.0)
     assert _checkpoints(tmp_path, _ctx()).load_latest(other).step == 2

@@ -326,6 +326,11 @@ class ControlPlane:
             if why is not None and self._job.outcome is None:
                 self._stop(CheckpointReport("failed", reason=why, failure="write").ending(), 1)
                 self._cond.notify_all()
+        elif report.event == "writing":
+            # Its writer holds the commit it is about to publish (review h25): had every member died between that
+            # publish and "saved", with the commit not yet in a heartbeat, a spare formed a round from the initial
+            # weights over the checkpoint. Known committed now, a round without a holder loads the checkpoint.
+            self._job.note_commits(w, None, report.commit_seq)
         elif report.event == "saved":
             self.checkpoints.saved(now)
             # Its writer holds the commit it stored, as its next heartbeat would say: every worker failing before

@@ -173,7 +173,7 @@ class RankZeroCheckpoints:
         # The writer of an earlier turn, if it is still there, writes this turn's checkpoints once it is free.
         self._writer, self._retired = self._retired, None
         if self._writer is None:
-            self._writer = CheckpointWriter(self._checked, on_written=self._written).start()
+            self._writer = CheckpointWriter(self._checked, on_written=self._written, before_write=self._writing).start()
             self._failed_seen = 0
         self._periodic = PeriodicCheckpointer(self._writer, self.settings.interval_s, clock=self._clock)
         log.info("worker %s: rank 0 writes checkpoints to %s every %gs", self._ctx.worker_id, self.settings.url,
@@ -210,6 +210,12 @@ class RankZeroCheckpoints:
         if stats.failed > self._failed_seen:
             self._failed_seen = stats.failed
             report_not_written(self._ctx, stats.last_error or "the checkpoint write failed")
+
+    def _writing(self, step: int, meta: Any) -> None:
+        # The driver hears of the commit before any checkpoint of it can exist (see control_plane's "writing").
+        seq = meta.get("commit_seq") if meta else None
+        if isinstance(seq, int) and not isinstance(seq, bool):
+            self._ctx.report_checkpoint("writing", step=step, commit_seq=seq)
 
     def _written(self, info: CheckpointInfo, duration_s: float) -> None:
         # With its commit, the driver counts the steps a drain without a successor loses (driver.job.leaving).

@@ -319,6 +319,7 @@ class ShardedCheckpoints:
         storage = self.store.shard_storage(name, writing=True)
         _save(tensors, storage, group)
         if local_rank == 0:  # DCP's coordinator: it holds every file's digest
+            self._ctx.report_checkpoint("writing", step=step, commit_seq=seq)  # heard of before it can exist
             saved = self.store.publish_sharded(name, step, rest, meta, local_size, getattr(storage, "files", None))
             self._ctx.report_checkpoint("saved", step=saved.step, path=saved.url, commit_seq=seq,
                                         duration_s=round(time.perf_counter() - began, 3),
