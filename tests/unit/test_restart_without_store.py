@@ -161,3 +161,20 @@ def test_a_restart_that_adds_a_checkpoint_dir_still_waits_until_the_dead_drivers
     assert plan.wait_until is not None and last + 30 < plan.wait_until <= last + 30 + 10
     assert "job 0ldj0b01" in plan.waiting_for and f"did not checkpoint to {tmp_path / 'ckpt'}" in plan.waiting_for
     assert not plan.predecessor_gone
+
+
+def test_a_restart_that_forgot_the_dead_drivers_checkpoint_dir_is_told_which_one_it_was(tmp_path) -> None:
+    # Review h25: the same command run again without --checkpoint-dir said "use --checkpoint-dir to keep their
+    # progress" and started over; the dead driver's own record says where its checkpoints are.
+    from cloud_elastic.driver.restart.record import write_record
+    from cloud_elastic.records import job_dir
+
+    _dead_driver("0ldj0b01")
+    ckpt = str(tmp_path / "ckpt")
+    write_record(job_dir("0ldj0b01"), {
+        "job": "0ldj0b01", "checkpoint_dir": ckpt, "advertised": "127.0.0.1", "bind": "127.0.0.1",
+        "control_port": 1, "store_port": 2, "grace_s": 30.0, "seq": 1, "workers": []})
+    plan = plan_start(_config(), None, job_id="n3wj0b01")
+    assert plan.waiting_for.endswith(f"without --checkpoint-dir its workers cannot be adopted (it checkpointed to "
+                                     f"{ckpt}: stop this one and run it again with --checkpoint-dir {ckpt} to resume "
+                                     f"its progress)"), plan.waiting_for

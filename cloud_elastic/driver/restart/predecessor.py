@@ -47,7 +47,7 @@ from typing import Any, Callable
 
 from cloud_elastic.config import JobConfig
 from cloud_elastic.driver.restart.finished import say_if_succeeded
-from cloud_elastic.driver.restart.record import RECORD_NAME, AdoptionRecord, find_records
+from cloud_elastic.driver.restart.record import RECORD_NAME, AdoptionRecord, find_records, read_record
 from cloud_elastic.driver.restart.stored import list_checkpoints, newer_link, refuse_if_job_gone, resumes
 from cloud_elastic.errors import CheckpointError, ConfigError
 from cloud_elastic.records import driver_running, find_jobs, job_dir, list_jobs, pid_alive, prune_gone, runtime_root
@@ -356,14 +356,28 @@ def _same_command(config: JobConfig, plan: StartPlan) -> StartPlan:
         # Its workers stop at its last sign of life (refreshed every RECORD_TOUCH_S) plus their grace.
         until = record.last_seen + RECORD_TOUCH_S + record.grace_s + _STOP_S
         if until > max(now, plan.wait_until or 0.0):
+            theirs = _checkpointed_to(record.job_id)
             plan = replace(plan, wait_until=until, grace_s=max(plan.grace_s, record.grace_s), predecessor_gone=False,
                            waiting_for=f"the previous driver of this command (job {record.job_id}, pid {record.pid}) "
                                        f"died {now - record.last_seen:.0f}s ago, and " + (
                                            "without --checkpoint-dir its workers cannot be adopted (use "
                                            "--checkpoint-dir to keep their progress)" if config.checkpoint_dir is None
+                                           and theirs is None else "without --checkpoint-dir its workers cannot be "
+                                           f"adopted (it checkpointed to {theirs}: stop this one and run it again "
+                                           f"with --checkpoint-dir {theirs} to resume its progress)"
+                                           if config.checkpoint_dir is None
                                            else f"its workers, which did not checkpoint to {config.checkpoint_dir}, "
                                                 "cannot be adopted"))
     return plan
+
+
+def _checkpointed_to(job_id: str) -> str | None:
+    """The ``--checkpoint-dir`` of job ``job_id``'s dead driver, as its adoption record on this machine says."""
+    try:
+        record = read_record(job_dir(job_id))
+    except ConfigError:
+        return None
+    return None if record is None else " ".join(record.checkpoint_dir[:500].split()) or None
 
 
 def _with_wait(plan: StartPlan, config: JobConfig, previous: tuple[int, float, float] | None, previous_alive: Any,
