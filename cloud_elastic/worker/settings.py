@@ -366,6 +366,11 @@ IDENTITY_ENV = frozenset({SECRET_ENV, DRIVER_ENV, STORE_ENV, JOB_ID_ENV, WORKER_
 #: What the driver sets from its own flags (:meth:`WorkerSettings.to_environ`) over the environment it inherits.
 _FROM_FLAGS_ENV = frozenset({NETWORK_INTERFACE_ENV, HEARTBEAT_INTERVAL_ENV, HEARTBEAT_TIMEOUT_ENV, DRIVER_GRACE_ENV})
 _CHECKPOINT_ENV = frozenset({CHECKPOINT_DIR_ENV, CHECKPOINT_INTERVAL_ENV, CHECKPOINT_KEEP_ENV})
+#: Each of those and the flag that sets it (None: the driver's own pace): refused in ``-x`` too.
+_FLAG_OF = {NETWORK_INTERFACE_ENV: "--network-interface", HEARTBEAT_INTERVAL_ENV: None,
+            HEARTBEAT_TIMEOUT_ENV: "--heartbeat-timeout", DRIVER_GRACE_ENV: "--driver-grace",
+            CHECKPOINT_DIR_ENV: "--checkpoint-dir", CHECKPOINT_INTERVAL_ENV: "--checkpoint-interval",
+            CHECKPOINT_KEEP_ENV: "--checkpoint-keep"}
 
 
 def check_environ(environ: Mapping[str, str], forwarded: Mapping[str, str], *, checkpointing: bool) -> None:
@@ -382,6 +387,12 @@ def check_environ(environ: Mapping[str, str], forwarded: Mapping[str, str], *, c
     if identity:
         raise ConfigError(f"{identity[0]} cannot be forwarded to the workers (-x, or a Python API's env): the driver "
                           "sets it for each worker (who the worker is and where its driver is)")
+    flagged = sorted(_FLAG_OF.keys() & forwarded.keys())
+    if flagged:  # review h26: a forwarded grace or heartbeat pace the driver's plans did not count on
+        flag = _FLAG_OF[flagged[0]]
+        raise ConfigError(f"{flagged[0]} cannot be forwarded to the workers (-x, or a Python API's env): the driver "
+                          + (f"sets it from {flag}, and the two must agree: use {flag}" if flag else
+                             "sets it (the heartbeat pace its --heartbeat-timeout counts on)"))
     replaced = IDENTITY_ENV | _FROM_FLAGS_ENV | (_CHECKPOINT_ENV if checkpointing else frozenset())
     env = {k: v for k, v in environ.items() if k not in replaced}
     env.update(forwarded)
