@@ -80,7 +80,7 @@ def _ends_saying(tmp_path, capsys, resumed, first: str, remedy: str = "resume wi
     with pytest.raises(SystemExit) as exited:
         elastic._load_checkpoint(ctx, _checkpoints(tmp_path, ctx), resumed)
     line = (f"the checkpoint in {url} (commit #2) does not fit this training state ({first}): {remedy}, or use a "
-            "fresh --checkpoint-dir")
+            "fresh --checkpoint-dir (training from the start)")
     assert exited.value.code == 1
     assert capsys.readouterr().err.splitlines() == [f"cloud-elastic: {line}"]
     assert ctx.reports == [("failed", {"failure": "mismatch", "reason": line})]

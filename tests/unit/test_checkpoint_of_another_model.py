@@ -55,7 +55,7 @@ def test_a_checkpoint_of_another_model_ends_the_job_saying_so_and_keeps_the_chec
         elastic._load_checkpoint(ctx, _schedule(url, ctx), changed)
     line = (f"the checkpoint in {url} (commit #2) does not fit this training state (model: size mismatch for "
             "weight: copying a param with shape torch.Size([1, 4]) from checkpoint, the shape in current model is "
-            "torch.Size([1, 8])): resume with the same model, or use a fresh --checkpoint-dir")
+            "torch.Size([1, 8])): resume with the same model, or use a fresh --checkpoint-dir (training from the start)")
     assert exited.value.code == 1
     assert capsys.readouterr().err.splitlines() == [f"cloud-elastic: {line}"]
     assert ctx.reports == [("failed", {"failure": "mismatch", "reason": line})]  # ...and the driver ends with it:
@@ -104,3 +104,21 @@ def test_a_newest_checkpoint_that_does_not_fit_while_the_one_before_does_is_pass
     [warned] = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert f"the checkpoint in {url} (commit #2) does not fit this training state (model: size mismatch for weight" \
            in warned and "but the one of step 1 before it does: resuming from it" in warned, warned
+
+
+def test_a_checkpoint_of_another_states_attributes_points_to_one_function_with_phases(tmp_path, capsys) -> None:
+    """Review h25: pre-training then fine-tuning, two hvd.elastic.run functions; every worker killed while fine-tuning,
+    --checkpoint-keep having pruned the pre-training checkpoints: the restart's first function found the fine-tuning
+    checkpoint and the line's only way out was a fresh directory, which trains from the start."""
+    url = str(tmp_path / "ckpt")
+    _record(url)
+    _trained(url)  # a state with `model` and `step`
+    pretraining = _State(backbone=torch.nn.Linear(4, 1), epoch=0)
+    ctx = _ctx()
+    with pytest.raises(SystemExit):
+        elastic._load_checkpoint(ctx, _schedule(url, ctx), pretraining)
+    line = capsys.readouterr().err
+    assert "(attributes missing: backbone, epoch; unexpected: model, step): resume with the same model (a script " \
+           "running several hvd.elastic.run functions in turn resumes each from the newest checkpoint, the later " \
+           "one's: write the phases as one function that branches on the state, docs/porting.md), or use a fresh " \
+           "--checkpoint-dir (training from the start)" in line, line

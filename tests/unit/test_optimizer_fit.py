@@ -140,7 +140,7 @@ def test_the_mismatch_line_says_which_remedy():
                          "s3://b/ck", 7)
     assert str(optimizer) == ("the checkpoint in s3://b/ck (commit #7) does not fit this training state (optimizer: "
                               "its saved param groups lack 'momentum' that SGD needs): resume with the optimizer that "
-                              "wrote it, or use a fresh --checkpoint-dir")
+                              "wrote it, or use a fresh --checkpoint-dir (training from the start)")
     model = mismatch(ApiMismatch("model: size mismatch for weight"), "s3://b/ck", 7)
     assert str(model).endswith("(model: size mismatch for weight): resume with the same model, or use a fresh "
                                "--checkpoint-dir")

@@ -36,7 +36,7 @@ def test_a_sharded_checkpoint_of_another_model_ends_the_job_saying_so(tmp_path, 
     with pytest.raises(SystemExit) as exited:
         elastic._load_checkpoint(ctx, _checkpoints(tmp_path, ctx), resumed)
     line = (f"the checkpoint in {url} (commit #2) does not fit this training state ({first}): resume with the "
-            "same model, or use a fresh --checkpoint-dir")
+            "same model, or use a fresh --checkpoint-dir (training from the start)")
     assert exited.value.code == 1
     assert capsys.readouterr().err.splitlines() == [f"cloud-elastic: {line}"]
     assert ctx.reports == [("failed", {"failure": "mismatch", "reason": line})]

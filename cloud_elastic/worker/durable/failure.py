@@ -54,8 +54,13 @@ def mismatch(exc: Any, url: str, commit: int) -> CheckpointFailed:
     so, not as training state lost; the checkpoint stays as it is, to resume with the model it was written by (or
     the optimizer: an ``OptimizerMismatch``'s ``remedy``)."""
     remedy = getattr(exc, "remedy", "resume with the same model")
+    if str(exc.first).startswith("attributes "):  # another state's names: a later hvd.elastic.run's (review h25)
+        remedy += (" (a script running several hvd.elastic.run functions in turn resumes each from the newest "
+                   "checkpoint, the later one's: write the phases as one function that branches on the state, "
+                   "docs/porting.md)")
     return CheckpointFailed("mismatch", f"the checkpoint in {url} (commit #{commit}) does not fit this training "
-                                        f"state ({exc.first}): {remedy}, or use a fresh --checkpoint-dir")
+                                        f"state ({exc.first}): {remedy}, or use a fresh --checkpoint-dir (training "
+                                        "from the start)")
 
 
 class Misfits:
