@@ -379,8 +379,8 @@ def check_environ(environ: Mapping[str, str], forwarded: Mapping[str, str], *, c
     traceback and a failed job): ``environ`` is the driver's, which a local worker inherits, ``forwarded`` the
     ``-x``/``--env`` values over it. What the driver sets itself replaces the inherited values and is not looked
     at: who the worker is, and the heartbeat, grace and (``checkpointing``: ``--checkpoint-dir`` given)
-    checkpoint settings of its flags, which a forwarded value can still replace; who the worker is cannot be
-    forwarded (:data:`IDENTITY_ENV`: a ConfigError naming the first). A job whose workers do not inherit the
+    checkpoint settings of its flags. Neither can be forwarded (:data:`IDENTITY_ENV`, :data:`_FLAG_OF`: a
+    ConfigError naming the first; a forwarded grace or heartbeat pace was one the driver's plans did not count on). A job whose workers do not inherit the
     driver's environment (SSH, Ray, Spark) passes an empty ``environ``. The same parser as the worker's, so
     the two cannot disagree."""
     identity = sorted(IDENTITY_ENV.intersection(forwarded))
@@ -391,7 +391,8 @@ def check_environ(environ: Mapping[str, str], forwarded: Mapping[str, str], *, c
     if flagged:  # review h26: a forwarded grace or heartbeat pace the driver's plans did not count on
         flag = _FLAG_OF[flagged[0]]
         raise ConfigError(f"{flagged[0]} cannot be forwarded to the workers (-x, or a Python API's env): the driver "
-                          + (f"sets it from {flag}, and the two must agree: use {flag}" if flag else
+                          + (f"sets it from {flag} (a Python API's setting of that name, where it has one), and the "
+                             "two must agree" if flag else
                              "sets it (the heartbeat pace its --heartbeat-timeout counts on)"))
     replaced = IDENTITY_ENV | _FROM_FLAGS_ENV | (_CHECKPOINT_ENV if checkpointing else frozenset())
     env = {k: v for k, v in environ.items() if k not in replaced}

@@ -70,8 +70,9 @@ def test_what_the_driver_sets_for_each_worker_is_its_own_not_the_environments():
 
 
 @pytest.mark.parametrize(("name", "says"), [
-    ("CLOUD_ELASTIC_DRIVER_GRACE_S", "sets it from --driver-grace, and the two must agree: use --driver-grace"),
-    ("CLOUD_ELASTIC_HEARTBEAT_TIMEOUT_S", "sets it from --heartbeat-timeout, and the two must agree"),
+    ("CLOUD_ELASTIC_DRIVER_GRACE_S", "sets it from --driver-grace (a Python API's setting of that name, where it has "
+                                     "one), and the two must agree"),
+    ("CLOUD_ELASTIC_HEARTBEAT_TIMEOUT_S", "sets it from --heartbeat-timeout"),
     ("CLOUD_ELASTIC_HEARTBEAT_INTERVAL_S", "sets it (the heartbeat pace its --heartbeat-timeout counts on)"),
     ("CLOUD_ELASTIC_NETWORK_INTERFACE", "sets it from --network-interface"),
     ("CLOUD_ELASTIC_CHECKPOINT_DIR", "sets it from --checkpoint-dir"),

@@ -143,7 +143,7 @@ def test_the_mismatch_line_says_which_remedy():
                               "wrote it, or use a fresh --checkpoint-dir (training from the start)")
     model = mismatch(ApiMismatch("model: size mismatch for weight"), "s3://b/ck", 7)
     assert str(model).endswith("(model: size mismatch for weight): resume with the same model, or use a fresh "
-                               "--checkpoint-dir")
+                               "--checkpoint-dir (training from the start)")
     assert optimizer.failure == model.failure == "mismatch"
 
 

@@ -184,3 +184,23 @@ def test_a_newest_checkpoint_that_is_there_but_unreadable_keeps_the_stores_own_r
     (tmp_path / "ckpt" / newest.name / "manifest.json").write_text("{torn")
     plan = plan_start(config, open_store(config), job_id="j2")
     assert plan.job_id == "j1" and plan.resumed
+
+
+def test_a_checkpoint_published_while_the_start_looked_is_no_gone_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review h27: a dead driver's workers train on under --driver-grace and may publish a checkpoint between the
+    start's listing and its read of ``checkpointed.json``: that one is not gone, and the start goes on."""
+    from cloud_elastic.driver.restart.stored import list_checkpoints
+
+    config, store = _job_j1(tmp_path, monkeypatch)
+    store.save(21, {"step": 21}, {"job_id": "j1"})
+    real_list, calls = store.list, []
+
+    def listed_before_the_publish():
+        calls.append(1)
+        found = real_list()
+        return found[1:] if len(calls) == 1 else found  # the first listing ran just before step 31's publish
+
+    store.save(31, {"step": 31}, {"job_id": "j1"})
+    monkeypatch.setattr(store, "list", listed_before_the_publish)
+    assert [c.step for c in list_checkpoints(store, "j1")] == [21] and len(calls) == 2  # looked again: no refusal

@@ -46,7 +46,8 @@ def leftovers(tmp_path):
     live = _socket(os.path.join(d, "aa.sock"), listening=True)
     _socket(os.path.join(d, "bb.sock"), listening=False)
     _socket(os.path.join(d, "cc.sock"), listening=False)
-    for name, days in (("dd.exit.json", 8), ("ee.exit.json", 1), ("ff.exit.json.status", 8), ("notes.txt", 30)):
+    for name, days in (("dd.exit.json", 8), ("ee.exit.json", 1), ("ff.exit.json.status", 8), ("gg.exit.json.tmp", 8),
+                       ("notes.txt", 30)):
         (directory / name).write_text("{}")
         _age(os.path.join(d, name), days * DAY)
     for name in ("aa.sock", "bb.sock"):
@@ -56,16 +57,16 @@ def leftovers(tmp_path):
 
 
 def test_a_sweep_removes_only_dead_sockets_and_week_old_reports(leftovers) -> None:
-    assert sweep(str(leftovers)) == 3
+    assert sweep(str(leftovers)) == 4
     assert sorted(p.name for p in leftovers.iterdir()) == [
         ".swept", "aa.sock", "cc.sock", "ee.exit.json", "notes.txt"]
 
 
 def test_a_directory_is_swept_at_most_once_an_hour(leftovers) -> None:
-    assert sweep(str(leftovers)) == 3
-    (leftovers / "gg.exit.json").write_text("{}")
-    _age(str(leftovers / "gg.exit.json"), REPORT_KEEP_S + DAY)
-    assert sweep(str(leftovers)) == 0 and (leftovers / "gg.exit.json").exists()
+    assert sweep(str(leftovers)) == 4
+    (leftovers / "hh.exit.json").write_text("{}")
+    _age(str(leftovers / "hh.exit.json"), REPORT_KEEP_S + DAY)
+    assert sweep(str(leftovers)) == 0 and (leftovers / "hh.exit.json").exists()
     assert sweep(str(leftovers), now=time.time() + SWEEP_EVERY_S + 1) == 2  # cc.sock is no longer young either
     assert sorted(p.name for p in leftovers.iterdir()) == [".swept", "aa.sock", "ee.exit.json", "notes.txt"]
 

@@ -289,3 +289,25 @@ def test_a_dead_drivers_storage_found_empty_is_refused(tmp_path, monkeypatch, wo
     record.unlink()  # what the line says to do: a new job, from initial weights, as asked
     plan = plan_start(config, open_store(config), job_id="mine")
     assert plan.job_id == "mine" and not plan.resumed and plan.adopt is None
+
+
+def test_a_relative_checkpoint_dir_names_the_store_of_the_directory_the_driver_ran_in(tmp_path, monkeypatch) -> None:
+    # Review h27: a driver killed in proj1 with --checkpoint-dir ckpt; a new job in proj2 with its own empty ./ckpt
+    # was refused as if proj1's record were its own (and a restart could have adopted proj1's workers).
+    from cloud_elastic.driver.restart.record import SuccessorRecord, find_records, location
+
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    proj1, proj2 = tmp_path / "proj1", tmp_path / "proj2"
+    for proj in (proj1, proj2):
+        proj.mkdir()
+    monkeypatch.chdir(proj1)
+    _dead_driver(tmp_path, "a1b2c3d4", location("ckpt"), workers=True)  # what SuccessorRecord writes there
+    successor = SuccessorRecord("a1b2c3d4", "ckpt", 60.0)
+    assert successor._checkpoint_dir == str(proj1 / "ckpt") == location(f"file://{proj1}/ckpt")
+    assert location("s3://bucket/ckpt") == "s3://bucket/ckpt"
+    assert [r.job_id for r, *_ in find_records(tmp_path / "cloud-elastic", "ckpt")] == ["a1b2c3d4"]
+    monkeypatch.chdir(proj2)
+    assert find_records(tmp_path / "cloud-elastic", "ckpt") == []
+    config = _config("ckpt")
+    plan = plan_start(config, open_store(config), job_id="mine")  # proj2's own new job
+    assert plan.job_id == "mine" and plan.adopt is None

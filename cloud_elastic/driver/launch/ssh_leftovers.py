@@ -11,9 +11,9 @@ A wrapper starting there removes, at most once an hour per directory (``.swept``
 - a socket that no process of this network namespace has bound (it is not in ``/proc/net/unix``) and that is older
   than :data:`SOCKET_SETTLE_S` (a wrapper between its ``bind`` and ``listen`` is listed already, but a minute spares
   any doubt); off Linux, where there is no such list, sockets are left alone;
-- an exit report (and its ``.status`` temporary) older than :data:`REPORT_KEEP_S`: a restarted driver asks for the
-  reports of the workers it adopts (``--exit-reports``), within its adoption window, minutes after its predecessor
-  died; a week leaves any restart its report.
+- an exit report (and its writers' temporaries, ``.status`` and ``.tmp``: one killed mid-write) older than
+  :data:`REPORT_KEEP_S`: a restarted driver asks for the reports of the workers it adopts (``--exit-reports``),
+  within its adoption window, minutes after its predecessor died; a week leaves any restart its report.
 
 A socket of a live wrapper in another network namespace sharing this ``/tmp`` under the same user is not listed
 here and may be removed: that wrapper's worker then cannot be adopted by a restarted driver (nothing else changes).
@@ -36,6 +36,9 @@ SOCKET_SETTLE_S = 60.0
 
 #: A directory is swept at most this often (the mtime of its ``.swept`` file).
 SWEEP_EVERY_S = 3600.0
+
+#: An exit report, and the temporaries of its writers (the wrapper's ``.status``, the worker's ``.tmp``).
+_REPORTS = (".exit.json", ".exit.json.status", ".exit.json.tmp")
 
 #: At most this many entries are looked at per sweep: bounded work for a launch however much was left.
 MAX_ENTRIES = 100_000
@@ -85,8 +88,7 @@ def sweep(directory: str, *, now: float | None = None) -> int:
                 stale = (bound is not None and stat.S_ISSOCK(info.st_mode) and age > SOCKET_SETTLE_S
                          and path not in bound)
             else:
-                stale = (name.endswith((".exit.json", ".exit.json.status")) and stat.S_ISREG(info.st_mode)
-                         and age > REPORT_KEEP_S)
+                stale = name.endswith(_REPORTS) and stat.S_ISREG(info.st_mode) and age > REPORT_KEEP_S
             if stale:
                 os.unlink(path)
                 removed += 1

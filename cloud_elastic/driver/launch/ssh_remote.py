@@ -305,6 +305,7 @@ class Wrapper:
         env[SECRET_FD_ENV] = secret_fd_value(secret_fd)
         if _private_socket_dir(report_path(self._args.nonce)):  # else another user could forge its report
             env[EXIT_REPORT_ENV] = report_path(self._args.nonce)
+        listener = self._listen()  # here: bound (and its directory swept) before the worker can end and _done unlink it
         out_r, out_w = os.pipe()  # the worker's output, relayed by the pump (kept while no driver reads it)
         try:
             proc = subprocess.Popen(list(self._args.command), cwd=self._args.cwd, env=env,
@@ -321,7 +322,7 @@ class Wrapper:
         self._pump = OutputPump(out_r)
         self._pump.start()
         _say(f"{STARTED} {self._args.nonce}\n", raw=True)  # the driver may open its next connection to this host
-        threading.Thread(target=self._watch, name="watchdog", daemon=True).start()
+        threading.Thread(target=self._watch, args=(listener,), name="watchdog", daemon=True).start()
         for signum in self._early_signals:
             self._on_signal(signum, None)
         self._done(proc.wait(), self._reason)
@@ -368,12 +369,11 @@ class Wrapper:
         self._socket_path = path
         return listener
 
-    def _watch(self) -> None:
+    def _watch(self, listener: socket.socket | None) -> None:
         kills = self._args.term_kills  # Ray: end of file means the actor died (not the driver): KILL, as on SIGTERM
         after = self._driver_grace_s + GRACE_MARGIN_S if self._driver_grace_s > 0 and not kills else 0.0
         watchdog = Watchdog(0.0 if kills else self._args.grace_s, self._args.keepalive_timeout_s, self._clock(), after,
                             on_stacks=self._dump_stacks)
-        listener = self._listen()
         eof = False
         pending: Order | None = None
         deadline = 0.0

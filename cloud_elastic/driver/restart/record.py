@@ -63,6 +63,7 @@ __all__ = [
     "AdoptionRecord",
     "exit_reports",
     "find_records",
+    "location",
     "parse_exit_report",
     "read_record",
     "recorded_exits",
@@ -148,18 +149,27 @@ def read_record(directory: Path) -> AdoptionRecord | None:
         return None
 
 
+def location(url: str) -> str:
+    """``--checkpoint-dir`` as the adoption records name it: a local path made absolute (from this process's working
+    directory), a URL as given. ``--checkpoint-dir ckpt`` of drivers started in two directories names two stores:
+    compared as given, one's record was taken for the other's (review h27)."""
+    if "::" in url or ("://" in url and not url.startswith("file://")):
+        return url
+    return os.path.abspath(url[len("file://"):] if url.startswith("file://") else url)
+
+
 def find_records(root: Path, checkpoint_dir: str) -> list[tuple[AdoptionRecord, int, float, float]]:
     """Records under ``root`` of drivers that checkpointed to ``checkpoint_dir``: (record, driver pid, last sign
     of life as Unix time, when the driver wrote its status record: its process had started by then), newest
     first. Found without reading the checkpoint storage (which is slow to open)."""
-    found = []
+    found, wanted = [], location(checkpoint_dir)
     try:
         directories = [p for p in root.iterdir() if (p / RECORD_NAME).is_file()]
     except OSError:
         return []
     for directory in directories:
         record = read_record(directory)
-        if record is None or record.checkpoint_dir != checkpoint_dir or record.job_id != directory.name:
+        if record is None or record.checkpoint_dir != wanted or record.job_id != directory.name:
             continue
         try:
             status = directory / "driver.json"
@@ -293,7 +303,7 @@ class SuccessorRecord:
 
     def __init__(self, job_id: str, checkpoint_dir: str, grace_s: float) -> None:
         self.job_id = job_id
-        self._checkpoint_dir = checkpoint_dir
+        self._checkpoint_dir = location(checkpoint_dir)
         self._grace_s = grace_s
         self._saved: Any = None
 

@@ -127,6 +127,8 @@ def _refuse_if_newest_gone(store: Any, job_id: str, found: list[Any]) -> None:
     if (job not in (job_id, None, "") or type(step) is not int or not isinstance(name, str) or name <= newest.name
             or name in {n for n, _ in store.unreadable()}):
         return
+    if any(c.name == name for c in store.list()):
+        return  # published since ``found`` was listed: a dead driver's workers train on under --driver-grace (h27)
     raise ConfigError(f"job {job_id} wrote a checkpoint of step {step} ({' '.join(name[:80].split())}) to "
                       f"{store.url}, which is gone now; the newest there is of step {newest.step}: not going back to "
                       f"it unasked; put that checkpoint folder back, or remove {store.backend.url(_CHECKPOINTED)} to "

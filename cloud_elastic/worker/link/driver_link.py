@@ -232,8 +232,9 @@ class DriverLinkMixin:
             if self._reporter is None:
                 self._reporter = DriverClient(self.settings.driver_address, self._codec, self.worker_id)
             try:
+                # "writing" holds a publish back (see durable.rank_zero): briefly, should the driver's host be gone.
                 self._reporter.call("checkpoint", dict(fields, event=event, round=self.info.round if self.info else 0),
-                                    timeout_s=self.heartbeat_timeout_s + 5)
+                                    timeout_s=2.0 if event == "writing" else self.heartbeat_timeout_s + 5)
             except Exception as exc:  # the driver may be gone; the checkpoint is on storage either way
                 log.warning("worker %s: could not report checkpoint %s to the driver: %s", self.worker_id, event, exc)
 
