@@ -162,3 +162,34 @@ def _kill_left(pid: int | None) -> None:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+def _tgkill(pid: int, tid: int, signum: int) -> None:
+    """Send ``signum`` to thread ``tid`` of process ``pid`` (the kernel's choice of thread, made for us)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.tgkill(pid, tid, signum) != 0:
+        raise OSError(ctypes.get_errno(), "tgkill")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="tgkill is Linux's")
+def test_a_sigterm_the_kernel_hands_to_another_thread_of_the_wrapper_is_acted_on(tmp_path):
+    """A process-directed signal may go to any thread that does not block it. The wrapper's main thread waited for
+    the worker in one blocking waitpid, which a signal given to its watchdog or output thread does not interrupt:
+    Python ran the handler only once the worker ended, so the worker never heard the pod's SIGTERM and a second
+    never stopped the group (seen as a clean clone's 60 s timeout of the test above, under load)."""
+    proc = _wrapper(tmp_path)
+    seen: list[str] = []
+    try:
+        _ready(proc, seen)
+        others = [int(t) for t in os.listdir(f"/proc/{proc.pid}/task") if int(t) != proc.pid]
+        assert others, "the wrapper runs its watchdog and output threads by now"
+        for count in (1, 2):
+            _tgkill(proc.pid, others[0], signal.SIGTERM)
+            _read_until(proc, f"worker SIGTERM {count}", seen)
+        assert proc.wait(30) == 7
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

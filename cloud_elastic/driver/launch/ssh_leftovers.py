@@ -26,7 +26,7 @@ import os
 import stat
 import time
 
-__all__ = ["REPORT_KEEP_S", "SOCKET_SETTLE_S", "SWEEP_EVERY_S", "sweep"]
+__all__ = ["REPORT_KEEP_S", "SOCKET_SETTLE_S", "SWEEP_EVERY_S", "private_socket_dir", "sweep"]
 
 #: How long an exit report is kept (a restarted driver reads it within its adoption window).
 REPORT_KEEP_S = 7 * 24 * 3600.0
@@ -42,6 +42,18 @@ _REPORTS = (".exit.json", ".exit.json.status", ".exit.json.tmp")
 
 #: At most this many entries are looked at per sweep: bounded work for a launch however much was left.
 MAX_ENTRIES = 100_000
+
+
+def private_socket_dir(path: str) -> bool:
+    """Create the directory of socket (or report) ``path`` 0700; False if it is not a private directory of this
+    user (then no socket is made there and no report read from it: another user could forge one)."""
+    directory = os.path.dirname(path)
+    try:
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        info = os.lstat(directory)
+    except OSError:
+        return False
+    return stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid() and stat.S_IMODE(info.st_mode) == 0o700
 
 
 def _bound_paths() -> set[str] | None:

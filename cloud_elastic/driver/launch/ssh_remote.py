@@ -58,7 +58,6 @@ import os
 import select
 import signal
 import socket
-import stat
 import subprocess
 import sys
 import tempfile
@@ -73,7 +72,7 @@ from cloud_elastic.driver.launch.ssh_wire import (EXIT_REPORT_ENV, MARKER, MODUL
                                                   SECRET_ENV, SECRET_FD_ENV, STARTED, WrapperArgs, exit_code,
                                                   marker_line, parse_args, parse_env, parse_exit_report, parse_marker,
                                                   report_line, secret_fd_value, secret_pipe, sent_line, wrapper_argv)
-from cloud_elastic.driver.launch.ssh_leftovers import sweep
+from cloud_elastic.driver.launch.ssh_leftovers import private_socket_dir as _private_socket_dir, sweep
 from cloud_elastic.driver.launch.ssh_output import OutputPump, relay_frames
 
 __all__ = ["SECRET_ENV", "SECRET_FD_ENV", "secret_pipe", "secret_fd_value", "MARKER", "WrapperArgs", "parse_args",
@@ -259,17 +258,6 @@ def reported_code(nonce: str) -> int | None:
         return None
 
 
-def _private_socket_dir(path: str) -> bool:
-    """Create the socket's directory 0700; False if it is not a private directory of this user."""
-    directory = os.path.dirname(path)
-    try:
-        os.makedirs(directory, mode=0o700, exist_ok=True)
-        info = os.lstat(directory)
-    except OSError:
-        return False
-    return stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid() and stat.S_IMODE(info.st_mode) == 0o700
-
-
 class Wrapper:
     """One worker under the wrapper's watch. ``run`` never returns: the wrapper exits with the worker."""
 
@@ -325,7 +313,13 @@ class Wrapper:
         threading.Thread(target=self._watch, args=(listener,), name="watchdog", daemon=True).start()
         for signum in self._early_signals:
             self._on_signal(signum, None)
-        self._done(proc.wait(), self._reason)
+        status = None
+        while status is None:  # in slices: a signal the kernel handed another thread has the main thread run its
+            try:               # handler within 50 ms (Popen's polling), not once the worker ends (review: a hung test)
+                status = proc.wait(_POLL_S)
+            except subprocess.TimeoutExpired:
+                pass
+        self._done(status, self._reason)
 
     def stop(self, grace_s: float) -> None:
         """TERM the worker's group, KILL it after ``grace_s`` (at once if 0); return when it is empty."""
