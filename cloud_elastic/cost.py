@@ -85,12 +85,17 @@ class CostMeter:
         self.by_source: dict[str, float] = {}
         #: The fallback source's price per slot-hour, as last known (None: never known).
         self.fallback_price: float | None = None
+        #: When the job's last worker had stopped (None: running): nothing is charged past it, whoever asks later
+        #: (a ``status`` answered while shutdown lowers the raised groups).
+        self.until: float | None = None
 
     def advance(self, now: float, held: Mapping[str, tuple[int, float, int]], idle: int = 0,
                 idle_unpriced: int = 0) -> None:
         """Charge up to ``now`` at the old rates, then take ``held``: source -> (slots held, dollars per hour of
         them, slots of them without a price); ``idle``: how many of the slots held no worker uses, and
         ``idle_unpriced`` of those, how many have no price."""
+        if self.until is not None:
+            now = min(now, self.until)
         if self._last is not None and now > self._last:
             hours = (now - self._last) / 3600.0
             for source, rate in self._rates.items():

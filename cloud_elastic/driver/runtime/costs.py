@@ -31,6 +31,14 @@ def charge(job: ElasticJob, now: float) -> None:
         job.capacity.sourcing.charge(now)
 
 
+def stop_meter(job: ElasticJob, at: float) -> None:
+    """Charge the job's cost meter up to ``at``, when shutdown had stopped the last worker, and nothing past it: a
+    ``status`` asked while the raised groups are lowered afterwards would charge the stopped workers on."""
+    if job.capacity.sourcing is not None:
+        job.capacity.sourcing.charge(at)
+        job.capacity.sourcing.cost.until = at
+
+
 def final_cost(job: ElasticJob, now: float) -> FinalCost:
     """What the job cost, charged up to ``now``, and what the same slot-hours would have cost on the fallback."""
     sourcing = job.capacity.sourcing

@@ -49,7 +49,7 @@ from cloud_elastic.driver.restart.predecessor import (
 from cloud_elastic.driver.restart.record import AdoptionRecord, SuccessorRecord, remove_record
 from cloud_elastic.driver.restart.window import AdoptionWindow
 from cloud_elastic.driver.runtime.condition import JobCondition
-from cloud_elastic.driver.runtime.costs import charge, final_cost
+from cloud_elastic.driver.runtime.costs import charge, final_cost, stop_meter
 from cloud_elastic.driver.runtime.control_plane import RENDEZVOUS_POLL_S, ControlPlane
 from cloud_elastic.driver.runtime.discovery import (
     DISCOVERY_TIMEOUT_S,
@@ -530,6 +530,8 @@ class Driver:
             self._poller.close()
         self._processes.close()  # each TERM then KILL, in parallel; the launchers closed
         self._stopped_at = self._clock()
+        with self._cond:
+            stop_meter(self._job, self._stopped_at)
         raised.lower(self._job, self._discovery, self._cond, self._poller)  # no worker is left to need it
         with self._cond:
             charge(self._job, self._stopped_at)  # the last sign of life's cost: up to when the workers had stopped
