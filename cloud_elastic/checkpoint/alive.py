@@ -193,7 +193,8 @@ def _raised(raw: Any) -> tuple[tuple[tuple[str, int], ...], str]:
 def _cost(raw: Any) -> CostSoFar | None:
     """An entry's ``cost``, checked: each figure (``dollars``, ``slot_hours``, ``unpriced_slot_hours``,
     ``idle_slot_hours``, and each source's dollars in ``by_source``) a finite number in [0, :data:`MAX_COST`],
-    ``idle_slot_hours`` at most ``slot_hours`` (they are a part of them), ``by_source`` at most
+    ``idle_slot_hours`` and ``unpriced_slot_hours`` each at most ``slot_hours`` (they are parts of them), the
+    sources' dollars together at most ``dollars``, ``by_source`` at most
     :data:`MAX_RAISED` names of at most 256 characters (ValueError otherwise: the part is then refused).
     ``idle_slot_hours`` absent (an entry of a driver from before it was kept): 0. None when there is none."""
     if raw is None:
@@ -206,9 +207,13 @@ def _cost(raw: Any) -> CostSoFar | None:
     for name, value in [*figures.items(), *((f"dollars of {n[:80]!r}", v) for n, v in by_source.items())]:
         if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0.0 <= value <= MAX_COST:
             raise ValueError(f"cost gives {name} {value!r:.80}, not a number in [0, {MAX_COST:g}]")
-    if figures["idle_slot_hours"] > figures["slot_hours"]:
-        raise ValueError(f"cost gives idle_slot_hours {figures['idle_slot_hours']:g}, more than its slot_hours "
-                         f"{figures['slot_hours']:g}")
+    for part in ("idle_slot_hours", "unpriced_slot_hours"):
+        if figures[part] > figures["slot_hours"]:
+            raise ValueError(f"cost gives {part} {figures[part]:g}, more than its slot_hours {figures['slot_hours']:g}")
+    # The sources' dollars are the total's parts (each written rounded to 6 decimals: that much is let through).
+    if sum(by_source.values()) > figures["dollars"] * (1 + 1e-9) + 1e-6 * (len(by_source) + 1):
+        raise ValueError(f"cost gives its sources {sum(by_source.values()):g} dollars, more than its total "
+                         f"{figures['dollars']:g}")
     dollars, slot_hours, unpriced, idle = (float(v) for v in figures.values())
     return CostSoFar(dollars, slot_hours, unpriced, tuple(sorted((str(n), float(v)) for n, v in by_source.items())),
                      idle)

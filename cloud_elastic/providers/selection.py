@@ -17,6 +17,7 @@ priority, price, fallback mark or provider options (see :mod:`.sources`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from decimal import Decimal
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
@@ -399,7 +400,8 @@ def build_sources(args: DiscoveryArgs) -> "HostDiscovery":
     for spec in specs:
         options = dict(spec.options)
         if spec.on_demand_price is not None:
-            options["on_demand_price"] = repr(spec.on_demand_price)
+            # In plain digits, as the provider's option takes it: repr() writes 0.00001 as 1e-05.
+            options["on_demand_price"] = format(Decimal(repr(spec.on_demand_price)), "f")
         try:
             discovery = registry.load(spec.provider).from_options(options, slots_per_host=args.slots_per_host)
         except ConfigError as exc:

@@ -39,6 +39,7 @@ PRICE_RETRY_S = 30.0
 #: A price as the command line takes it: ASCII digits with at most one point (Python's float() also takes
 #: ``1_000``, ``1e3`` and other scripts' digits, which no price list writes).
 _PLAIN = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)")
+_INTEGER = re.compile(r"[+-]?[0-9]+")
 
 
 def check_price(what: str, value: float, given: str | None = None) -> float:
@@ -51,7 +52,7 @@ def check_price(what: str, value: float, given: str | None = None) -> float:
         raise ConfigError(f"{what} must be >= 0 dollars, got {shown}")
     if value > MAX_PRICE:
         raise ConfigError(f"{what} must be at most {MAX_PRICE:g} dollars, got {shown}")
-    return float(value)
+    return float(value) + 0.0  # -0 is 0: shown as "$-0.00" otherwise
 
 
 def is_price(value: object) -> bool:
@@ -187,10 +188,9 @@ def parse_source_flag(text: str, names: Sequence[str] = ()) -> SourceFlag:
         if key in values or key in options:
             raise ConfigError(f"--source {text!r}: {key!r} is given twice")
         if key == "priority":
-            try:
-                values[key] = int(value)
-            except ValueError:
-                raise ConfigError(f"--source {text!r}: priority must be an integer, got {value!r}") from None
+            if not _INTEGER.fullmatch(value.strip()):  # int() also takes 1_0 and other scripts' digits
+                raise ConfigError(f"--source {text!r}: priority must be an integer in digits 0-9, got {value!r}")
+            values[key] = int(value)
         elif key in ("price", "on_demand_price"):
             values[key] = parse_price(f"--source {name}: {key}", value)
         elif key == "fallback":

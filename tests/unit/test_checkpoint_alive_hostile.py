@@ -133,7 +133,12 @@ _FIGURES = '"slot_hours": 1, "unpriced_slot_hours": 0, "by_source": {}'
     '{"dollars": 1, "slot_hours": 1, "unpriced_slot_hours": 0, "by_source": {"' + "x" * 300 + '": 1}}',
     '[12.5, 9.75]', '{"dollars": 1, "slot_hours": 1, "unpriced_slot_hours": 0}',
     *('{"dollars": 1, ' + _FIGURES + f', "idle_slot_hours": {idle}}}'  # idle: a part of the slot-hours
-      for idle in ("NaN", "-1", "1e300", "Infinity", '"0.5"', "true", "null", "2"))])
+      for idle in ("NaN", "-1", "1e300", "Infinity", '"0.5"', "true", "null", "2")),
+    # Figures that contradict one another (review h28): more unpriced slot-hours than slot-hours; sources' dollars
+    # summing past the total (a restarted driver said $1 in all beside $2e12 by source).
+    '{"dollars": 1, "slot_hours": 1, "unpriced_slot_hours": 5e11, "by_source": {}}',
+    '{"dollars": 1, "slot_hours": 1, "unpriced_slot_hours": 0, "by_source": {"spot-a": 9.9e11, "other": 1e12}}',
+    '{"dollars": 1, "slot_hours": 1, "unpriced_slot_hours": 0, "by_source": {"spot-a": 0.75, "od": 0.2501}}'])
 def test_a_cost_that_is_not_bounded_figures_of_a_few_sources_is_refused_in_one_line(tmp_path: Path, cost: str) -> None:
     entry = read_driver_alive(_entry_with(tmp_path, "cost", cost, '"raised": {"od": 2}, '), now=NOW)
     assert entry.cost is None and entry.raised == (("od", 2),)  # the groups raised hold: a successor lowers them

@@ -17,7 +17,7 @@ from cloud_elastic.errors import (CapacityDeniedError, CapacityError, ConfigErro
 from cloud_elastic.providers.api import DiscoveredHosts, Drain, HostDiscovery
 from cloud_elastic.providers.multi import MultiSourceDiscovery
 from cloud_elastic.providers.selection import build_discovery, parse_discovery_args, source_specs
-from cloud_elastic.providers.sources import SourceSpec
+from cloud_elastic.providers.sources import SourceSpec, parse_source_flag
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -122,6 +122,11 @@ def test_one_group_alone_is_one_provider_as_before():
     (["--aws-asg", "a", "--aws-asg", "b", "--source", "a:fallback", "--source", "b:fallback"],
      "every host source is marked fallback"),
     (["--aws-asg", "a", "--aws-asg", "b", "--source", "a:priority=high"], "priority must be an integer"),
+    # review h28: int() took these as 10 and 3
+    (["--aws-asg", "a", "--aws-asg", "b", "--source", "a:priority=1_0"],
+     "priority must be an integer in digits 0-9, got '1_0'"),
+    (["--aws-asg", "a", "--aws-asg", "b", "--source", "a:priority=\u0663"],
+     "priority must be an integer in digits 0-9, got '\u0663'"),
     (["--aws-asg", "a", "--aws-asg", "b", "--source", "a:group=c"], "'group' is the group itself"),
     (["--aws-asg", "a", "--aws-asg", "b", "--source", "a:price=1", "--source", "a:fallback"], "given twice"),
     (["--aws-asg", "a", "--aws-asg", "b", "--source", "nocolon"], "expected NAME:KEY=VALUE"),
@@ -138,6 +143,22 @@ def test_bad_source_flags_are_refused_with_one_line(argv, message):
     with pytest.raises(ConfigError, match=None) as info:
         build_discovery(parse_discovery_args(argv))
     assert message in str(info.value)
+
+
+@pytest.mark.parametrize("given", ["0.00001", "0.000001", "0.00009", "3.912", "10000"])
+def test_an_on_demand_price_in_source_reaches_the_provider_as_given(given):
+    """Review h28: a price under $0.0001 passed --source's check, then reached the provider written as repr() gives
+    it (1e-05), which the provider's option refused, quoting a value the user never typed."""
+    discovery = build_discovery(parse_discovery_args(["--aws-asg", "a", "--aws-asg", "od", "--aws-region", "us-east-1",
+                                                      "--source", f"od:fallback,on_demand_price={given}"]))
+    [od] = [s.discovery for s in discovery.sources if s.spec.name == "od"]
+    assert od.on_demand_price == float(given)
+
+
+@pytest.mark.parametrize("given", ["-0", "-0.0", "+0"])
+def test_a_price_of_minus_zero_is_zero(given):
+    flag = parse_source_flag(f"a:price={given},on_demand_price={given}")
+    assert str(flag.price) == "0.0" and str(flag.on_demand_price) == "0.0"  # not "-0.0", shown as $-0.00
 
 
 def test_an_unknown_provider_option_in_source_names_the_source():
