@@ -163,6 +163,39 @@ def test_two_members_frozen_together_are_both_given_up_fast_though_the_first_giv
     assert "missing with the rank(s) given up from collective #5 (gradient allreduce) of round 1" in what, what
 
 
+def test_a_member_frozen_inside_the_collective_just_after_another_holds_up_the_re_formation_and_is_given_up_fast(
+        ) -> None:
+    """Review h29: rank 1 stops at 10.0 s; rank 2 stops 0.7 s later, inside the collective the others wait in (so the
+    stall blames rank 1 alone). Rank 1's give-up aborts the round and ranks 0 and 3 go back to rendezvous, which waits
+    for rank 2; it was given up only at the heartbeat timeout (15.7 s), the survivors idle 5 s. Now once past its own
+    limit, with a reason that says who waited where."""
+    sim = Sim(members(4))
+    inside = waiting_since(10.1)
+    beats = steady("w1", 0.0, 10.0, BEHIND) + steady("w2", 0.0, 10.1, BEHIND) + steady("w2", 10.1, 10.7, inside)
+    for wid in ("w0", "w3"):
+        beats += steady(wid, 0.0, 10.1, BEHIND)
+    aborted = FlightEntry(1, 5, "gradient allreduce", "failed", 0.0)
+    t, i, beats = 0.0, 0, sorted(beats, key=lambda a: a[0])
+    while t <= 20.0:
+        while i < len(beats) and beats[i][0] <= t:
+            at, wid, flight, pause = beats[i]
+            sim.beat(wid, at, flight, pause)
+            i += 1
+        if t >= 10.1 and round(t / 0.5, 6) == int(round(t / 0.5, 6)):  # the two survivors beat every 0.5 s
+            for wid in ("w0", "w3"):
+                sim.beat(wid, t, inside(t) if "w1" not in sim.lost else aborted)
+        before = set(sim.lost)
+        sim.scan(t)
+        if "w1" in sim.lost and "w1" not in before:  # the job aborts the round: the survivors go to rendezvous
+            for wid in ("w0", "w3"):
+                sim.workers[wid].to(WorkerState.WAITING)
+        t = round(t + TICK, 6)
+    (t1, _), (t2, what) = sim.lost["w1"], sim.lost["w2"]
+    assert t1 < 12.0 and t1 < t2 < 10.7 + 2.5, (t1, t2)  # long before 10.7 + the 5 s timeout
+    assert "while rank(s) 0, 3 waited at the rendezvous re-forming round 1 (aborted at collective #5" in what, what
+    assert list(sim.lost) == ["w1", "w2"]
+
+
 def test_a_silent_member_nobody_waits_for_is_given_up_only_at_the_heartbeat_timeout() -> None:
     sim = Sim(members())
     beats = steady("w1", 0.0, 10.0, BEHIND)

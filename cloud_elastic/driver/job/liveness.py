@@ -46,7 +46,9 @@ includes it. A pause it did not announce (a C extension that keeps the GIL for
 seconds) is taken for silence only if it also outlasts every gap seen of that
 worker *and* its peers are stuck waiting on it; from then on its gap raises that
 worker's bound. Without peers waiting on it (between rounds, in rendezvous, no
-collective) only the heartbeat timeout gives a worker up, as before.
+collective) only the heartbeat timeout gives a worker up, as before; except while a
+round whose culprits the fast rule gave up re-forms: a member of it past its own
+limit then holds up the members back at rendezvous as it held up the collective.
 
 A worker silent for the whole heartbeat timeout is marked ``hung`` (:data:`.repeats.SILENT`): the driver has not
 seen its process end. One the fast rule gives up is not: a healthy worker may hold the GIL in one C call for a few
@@ -303,7 +305,8 @@ class SilenceWatch:
                 found += self._name(stall, [(w, limit) for w, limit in suspects if stall.blames(w.worker_id)],
                                     running_now, {w.worker_id for w in members if w.returned})
             elif self._blamed[0] is not None and self._blamed[0].round == round_:
-                found += self._blamed_before(suspects, running_now)
+                back = [w.rank for w in alive if w.round == round_ and w.state is WorkerState.WAITING]
+                found += self._blamed_before(suspects, running_now, back)
         self._silence_due, self._start_due, self._born = silence_due, start_due, born
         return found
 
@@ -346,16 +349,23 @@ class SilenceWatch:
             self._event(stall, running_now, "still heartbeating")
         return []
 
-    def _blamed_before(self, suspects: list[tuple[WorkerRecord, float]], running_now: float
-                       ) -> list[tuple[WorkerRecord, str]]:
-        """The suspects (past their own limit) that the stall whose culprits were given up blamed too: their peers
-        left that collective for the aborted round's rendezvous, where its re-formation waits for them."""
+    def _blamed_before(self, suspects: list[tuple[WorkerRecord, float]], running_now: float,
+                       back: list[int | None]) -> list[tuple[WorkerRecord, str]]:
+        """The suspects (past their own limit) of the round whose stalled collective's culprits were given up: the
+        ones that stall blamed too, whose peers left that collective for the aborted round's rendezvous, and, once
+        members are back at that rendezvous (``back``: their ranks), any other: the round's re-formation waits for
+        them as the collective did (a review froze a second rank 0.7 s after the first, inside the collective, so not
+        blamed: it was given up only at --heartbeat-timeout, the survivors idle meanwhile)."""
         stall, ids = self._blamed
         assert stall is not None
-        return [(w, f"stopped answering heartbeats for {running_now - self._heard[w.worker_id].at:.1f}s (its limit "
-                    f"{limit:.1f}s), missing with the rank(s) given up from collective #{stall.seq} ({stall.op}) of "
-                    f"round {stall.round}, whose re-formation waits for it") for w, limit in suspects
-                if w.worker_id in ids]
+        silent = {w.worker_id: f"stopped answering heartbeats for {running_now - self._heard[w.worker_id].at:.1f}s "
+                               f"(its limit {limit:.1f}s)" for w, limit in suspects}
+        ranks = ", ".join(str(r) for r in sorted(r for r in back if r is not None))
+        return [(w, f"{silent[w.worker_id]}, missing with the rank(s) given up from collective #{stall.seq} "
+                    f"({stall.op}) of round {stall.round}, whose re-formation waits for it") if w.worker_id in ids
+                else (w, f"{silent[w.worker_id]} while rank(s) {ranks} waited at the rendezvous re-forming round "
+                         f"{stall.round} (aborted at collective #{stall.seq}, {stall.op}) for it")
+                for w, _ in suspects if w.worker_id in ids or back]
 
     def _event(self, stall: Stall, running_now: float, verdict: str) -> None:
         if self._emit is not None:
