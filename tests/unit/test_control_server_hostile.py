@@ -73,6 +73,15 @@ def test_a_flood_of_garbage_from_many_addresses_logs_a_few_lines_per_kind_and_a_
     assert client.call("register")["ok"] is True
 
 
+@pytest.mark.parametrize("reason, kind", [("message timestamp is -400s off", "message timestamp is"),
+                                          ("message timestamp is +400s off", "message timestamp is"),
+                                          ("malformed poll request: 'round' must be", "malformed poll request")])
+def test_a_refusal_s_kind_leaves_its_figure_and_the_figure_s_sign_out(reason, kind):
+    """Review h29: the count line said "(message timestamp is -)"."""
+    from cloud_elastic.driver.net.control_server import _kind_of
+    assert _kind_of(reason) == kind
+
+
 _SERVE = """
 import logging, os, resource, sys
 logging.basicConfig(level=logging.WARNING, format="%(message)s")

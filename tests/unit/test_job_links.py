@@ -245,6 +245,18 @@ def test_a_host_with_a_slow_network_drains_at_its_next_commit_with_no_rollback_a
     assert sim.poll("a[0]").update_gen == 1 and sim.job.abort_round == 0  # a graceful change: no rollback
 
 
+def test_a_link_under_1_mb_s_is_said_with_two_significant_digits():
+    """Review h29: the line said "its fastest link 0.0 MB/s" of a link its event measured at 0.02."""
+    sim = started(3, {"a": 1, "b": 1, "c": 1}, min_np=1)
+    slow = sim.job.workers[sim.id("c[0]")]
+    for _ in range(30):
+        beat(sim, 1, {"c": 0.02})
+        if slow.state is not S.RUNNING:
+            break
+    assert slow.why.startswith("slow network: host c") and "its fastest link 0.02 MB/s against a median" in slow.why, \
+        slow.why
+
+
 def test_a_newcomer_found_slow_while_it_waits_for_admission_is_sent_away_unadmitted():
     from cloud_elastic.protocol import ExitOrder
 

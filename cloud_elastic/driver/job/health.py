@@ -217,7 +217,7 @@ class Health:
         gone = [w for w in job.active() if w.slot.host == found.host]
         if not gone:
             return
-        figures = (f"its fastest link {found.mb_s:.1f} MB/s against a median of {found.peers_mb_s:.1f} MB/s between "
+        figures = (f"its fastest link {_mb(found.mb_s)} MB/s against a median of {_mb(found.peers_mb_s)} MB/s between "
                    f"the other hosts (measured with {', '.join(found.peers)})")
         staying = len(job.active())
         keep = ""
@@ -434,3 +434,8 @@ class Health:
         if not w.alive:
             return
         self._job.give_up(w, reason, now, stacks=False)  # it explained itself
+
+
+def _mb(mb_s: float) -> str:
+    """A link's MB/s for a log line: one decimal, two significant digits below 1 (0.02, not 0.0)."""
+    return f"{mb_s:.1f}" if mb_s >= 1 else f"{mb_s:.2g}"

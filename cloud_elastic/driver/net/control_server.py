@@ -119,7 +119,7 @@ def _kind_of(reason: str) -> str:
     signed with the job secret gets past the signature to the reasons that quote it."""
     for i, ch in enumerate(reason):
         if not (ch.isalpha() or ch in " -_"):
-            return reason[:i].strip() or "other"
+            return reason[:i].rstrip(" -_+") or "other"  # "is -400s off": the sign goes with the figure
     return reason.strip() or "other"
 
 
