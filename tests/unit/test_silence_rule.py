@@ -163,18 +163,26 @@ def test_two_members_frozen_together_are_both_given_up_fast_though_the_first_giv
     assert "missing with the rank(s) given up from collective #5 (gradient allreduce) of round 1" in what, what
 
 
+@pytest.mark.parametrize("heard_after_the_give_up", [False, True])
 def test_a_member_frozen_inside_the_collective_just_after_another_holds_up_the_re_formation_and_is_given_up_fast(
-        ) -> None:
+        heard_after_the_give_up: bool) -> None:
     """Review h29: rank 1 stops at 10.0 s; rank 2 stops 0.7 s later, inside the collective the others wait in (so the
     stall blames rank 1 alone). Rank 1's give-up aborts the round and ranks 0 and 3 go back to rendezvous, which waits
     for rank 2; it was given up only at the heartbeat timeout (15.7 s), the survivors idle 5 s. Now once past its own
-    limit, with a reason that says who waited where."""
+    limit, with a reason that says who waited where. A rank 2 that heartbeat as usual until the give-up, then fell
+    silent, is on its way back through its rollback (a restore holding the GIL, review h31): only the heartbeat
+    timeout judges it, as before."""
     sim = Sim(members(4))
     inside = waiting_since(10.1)
-    beats = steady("w1", 0.0, 10.0, BEHIND) + steady("w2", 0.0, 10.1, BEHIND) + steady("w2", 10.1, 10.7, inside)
+    aborted = FlightEntry(1, 5, "gradient allreduce", "failed", 0.0)
+    # Rank 1's last heartbeat is at 9.5 s, and it is given up at about 11 s. Rank 2's last is at 10.1 s when frozen
+    # (0.6 s after rank 1's, overdue at the give-up); healthy, it beats on to 12 s (inside the collective, then with
+    # the abort) and falls silent in its rollback.
+    healthy_until = 12.0 if heard_after_the_give_up else 10.3
+    beats = steady("w1", 0.0, 10.0, BEHIND) + steady("w2", 0.0, 10.1, BEHIND)
+    beats += steady("w2", 10.1, healthy_until, lambda t: inside(t) if t < 11.0 else aborted)
     for wid in ("w0", "w3"):
         beats += steady(wid, 0.0, 10.1, BEHIND)
-    aborted = FlightEntry(1, 5, "gradient allreduce", "failed", 0.0)
     t, i, beats = 0.0, 0, sorted(beats, key=lambda a: a[0])
     while t <= 20.0:
         while i < len(beats) and beats[i][0] <= t:
@@ -191,7 +199,10 @@ def test_a_member_frozen_inside_the_collective_just_after_another_holds_up_the_r
                 sim.workers[wid].to(WorkerState.WAITING)
         t = round(t + TICK, 6)
     (t1, _), (t2, what) = sim.lost["w1"], sim.lost["w2"]
-    assert t1 < 12.0 and t1 < t2 < 10.7 + 2.5, (t1, t2)  # long before 10.7 + the 5 s timeout
+    if heard_after_the_give_up:
+        assert t2 > t1 + TIMEOUT and what.startswith("stopped answering heartbeats for 5."), (t1, t2, what)
+        return
+    assert t1 < 12.0 and t1 < t2 < 10.1 + 2.5, (t1, t2)  # long before 10.1 + the 5 s timeout
     assert "while rank(s) 0, 3 waited at the rendezvous re-forming round 1 (aborted at collective #5" in what, what
     assert list(sim.lost) == ["w1", "w2"]
 

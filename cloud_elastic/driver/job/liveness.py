@@ -47,7 +47,8 @@ seconds) is taken for silence only if it also outlasts every gap seen of that
 worker *and* its peers are stuck waiting on it; from then on its gap raises that
 worker's bound. Without peers waiting on it (between rounds, in rendezvous, no
 collective) only the heartbeat timeout gives a worker up, as before; except while a
-round whose culprits the fast rule gave up re-forms: a member of it past its own
+round whose culprits the fast rule gave up re-forms: a member of it already
+overdue at that give-up (silent past its longest recent gap) and past its own
 limit then holds up the members back at rendezvous as it held up the collective.
 
 A worker silent for the whole heartbeat timeout is marked ``hung`` (:data:`.repeats.SILENT`): the driver has not
@@ -190,7 +191,8 @@ class SilenceWatch:
         #: The stall whose culprits the fast rule gave up, and every member it blamed: the give-up aborts the round,
         #: its waiting ranks leave the collective for rendezvous, and there they wait for the others it blamed (two
         #: hosts frozen at once: the second a hair under its own limit at that scan waited the whole timeout).
-        self._blamed: tuple[Stall | None, frozenset[str]] = (None, frozenset())
+        #: The stall whose silent culprits the fast rule gave up last, their ids, and when (running time).
+        self._blamed: tuple[Stall | None, frozenset[str], float] = (None, frozenset(), 0.0)
         self._given_up: dict[str, WorkerRecord] = {}  # found silent for the whole timeout: a heartbeat now thawed it
         #: ``host:port`` the workers were told to reach the driver at, once it listens (the driver sets it): named
         #: in the line of a worker that never registered, whose own line may come too late to be read.
@@ -332,7 +334,7 @@ class SilenceWatch:
         return the silent culprits to give up now (the fast rule). ``returned``: the members that returned from
         their training function (then that, not "busy", is why they are not in it)."""
         if fast:
-            self._blamed = (stall, frozenset(m.worker for m in stall.missing))
+            self._blamed = (stall, frozenset(m.worker for m in stall.missing), running_now)
             log.warning("job %s: %s", self._job_id_of(), describe(stall, running_now))
             self._event(stall, running_now, "silent rank(s) given up")
             waited = stall.waited_s(running_now)
@@ -353,11 +355,17 @@ class SilenceWatch:
                        back: list[int | None]) -> list[tuple[WorkerRecord, str]]:
         """The suspects (past their own limit) of the round whose stalled collective's culprits were given up: the
         ones that stall blamed too, whose peers left that collective for the aborted round's rendezvous, and, once
-        members are back at that rendezvous (``back``: their ranks), any other: the round's re-formation waits for
-        them as the collective did (a review froze a second rank 0.7 s after the first, inside the collective, so not
-        blamed: it was given up only at --heartbeat-timeout, the survivors idle meanwhile)."""
-        stall, ids = self._blamed
+        members are back at that rendezvous (``back``: their ranks), any other already overdue at that give-up (silent
+        longer than its longest recent gap): the round's re-formation waits for it as the collective did (a review
+        froze a second rank 0.7 s after the first, inside the collective, so not blamed: it was given up only at
+        --heartbeat-timeout, the survivors idle meanwhile). One that heartbeat as usual until the give-up is not: its
+        silence began with the abort, on its way back through its rollback (a restore holding the GIL, review h31),
+        and only the heartbeat timeout judges it, as any worker in rendezvous."""
+        stall, ids, given_up_at = self._blamed
         assert stall is not None
+        heard = self._heard
+        suspects = [(w, limit) for w, limit in suspects if w.worker_id in ids or (
+            back and heard[w.worker_id].at + heard[w.worker_id].peak < given_up_at)]
         silent = {w.worker_id: f"stopped answering heartbeats for {running_now - self._heard[w.worker_id].at:.1f}s "
                                f"(its limit {limit:.1f}s)" for w, limit in suspects}
         ranks = ", ".join(str(r) for r in sorted(r for r in back if r is not None))
@@ -365,7 +373,7 @@ class SilenceWatch:
                     f"({stall.op}) of round {stall.round}, whose re-formation waits for it") if w.worker_id in ids
                 else (w, f"{silent[w.worker_id]} while rank(s) {ranks} waited at the rendezvous re-forming round "
                          f"{stall.round} (aborted at collective #{stall.seq}, {stall.op}) for it")
-                for w, _ in suspects if w.worker_id in ids or back]
+                for w, _ in suspects]
 
     def _event(self, stall: Stall, running_now: float, verdict: str) -> None:
         if self._emit is not None:
