@@ -39,7 +39,7 @@ PRICE_RETRY_S = 30.0
 #: A price as the command line takes it: ASCII digits with at most one point (Python's float() also takes
 #: ``1_000``, ``1e3`` and other scripts' digits, which no price list writes).
 _PLAIN = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)")
-_INTEGER = re.compile(r"[+-]?[0-9]+")
+_INTEGER = re.compile(r"[+-]?[0-9]{1,18}")  # int() refuses past 4,300 digits with a ValueError of its own
 
 
 def check_price(what: str, value: float, given: str | None = None) -> float:
@@ -189,7 +189,8 @@ def parse_source_flag(text: str, names: Sequence[str] = ()) -> SourceFlag:
             raise ConfigError(f"--source {text!r}: {key!r} is given twice")
         if key == "priority":
             if not _INTEGER.fullmatch(value.strip()):  # int() also takes 1_0 and other scripts' digits
-                raise ConfigError(f"--source {text!r}: priority must be an integer in digits 0-9, got {value!r}")
+                raise ConfigError(f"--source {text[:200]!r}: priority must be an integer of at most 18 digits 0-9, "
+                                  f"got {value[:40]!r}")
             values[key] = int(value)
         elif key in ("price", "on_demand_price"):
             values[key] = parse_price(f"--source {name}: {key}", value)

@@ -124,9 +124,12 @@ def test_one_group_alone_is_one_provider_as_before():
     (["--aws-asg", "a", "--aws-asg", "b", "--source", "a:priority=high"], "priority must be an integer"),
     # review h28: int() took these as 10 and 3
     (["--aws-asg", "a", "--aws-asg", "b", "--source", "a:priority=1_0"],
-     "priority must be an integer in digits 0-9, got '1_0'"),
+     "priority must be an integer of at most 18 digits 0-9, got '1_0'"),
     (["--aws-asg", "a", "--aws-asg", "b", "--source", "a:priority=\u0663"],
-     "priority must be an integer in digits 0-9, got '\u0663'"),
+     "priority must be an integer of at most 18 digits 0-9, got '\u0663'"),
+    # review h31: past 4,300 digits int() raised a ValueError of its own, shown as a traceback
+    (["--aws-asg", "a", "--aws-asg", "b", "--source", "a:priority=" + "9" * 5000],
+     "priority must be an integer of at most 18 digits 0-9, got '99999"),
     (["--aws-asg", "a", "--aws-asg", "b", "--source", "a:group=c"], "'group' is the group itself"),
     (["--aws-asg", "a", "--aws-asg", "b", "--source", "a:price=1", "--source", "a:fallback"], "given twice"),
     (["--aws-asg", "a", "--aws-asg", "b", "--source", "nocolon"], "expected NAME:KEY=VALUE"),

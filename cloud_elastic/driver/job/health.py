@@ -437,5 +437,7 @@ class Health:
 
 
 def _mb(mb_s: float) -> str:
-    """A link's MB/s for a log line: one decimal, two significant digits below 1 (0.02, not 0.0)."""
-    return f"{mb_s:.1f}" if mb_s >= 1 else f"{mb_s:.2g}"
+    """A link's MB/s for a log line: one decimal; below 1, up to three (0.02, not 0.0), and below 0.001 said so."""
+    if mb_s >= 1:
+        return f"{mb_s:.1f}"
+    return f"{mb_s:.3f}".rstrip("0") if mb_s >= 0.001 else "under 0.001"
