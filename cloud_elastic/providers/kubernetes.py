@@ -97,13 +97,15 @@ from cloud_elastic.providers._common import CloudGroupProvider, OptionReader, er
 from cloud_elastic.providers.api import DiscoveredHosts, ProviderOption, parse_bool
 from cloud_elastic.providers.kubernetes_stream import BoundedErrors, retry_after
 from cloud_elastic.providers.kubernetes_view import ClusterView
-from cloud_elastic.providers.kubernetes_watch import ListTooLarge, ResourceWatch, keepalive_options
+from cloud_elastic.providers.kubernetes_watch import LIST_TIMEOUTS, ListTooLarge, ResourceWatch, keepalive_options
 
 __all__ = ["KubernetesPods", "check_selector"]
 
 _log = logging.getLogger(__name__)
 
 _SA_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+#: Beyond the first find()'s two lists' bounds, for connecting and building the view (find_limit_s).
+_LIST_MARGIN_S = 5.0
 _NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
 _KEY = re.compile(rf"([a-z0-9]([-a-z0-9.]{{0,251}}[a-z0-9])?/)?{_NAME}")
 _VALUE = re.compile(rf"({_NAME})?")
@@ -248,6 +250,9 @@ class KubernetesPods(CloudGroupProvider):
                 namespace = _read(_SA_NAMESPACE)
             else:
                 path = self.kubeconfig or os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
+                if self.kubeconfig and not os.path.exists(self.kubeconfig):
+                    raise FatalDiscoveryError(f"{self.label}: the kubeconfig {self.kubeconfig} (--kubeconfig) does "
+                                              "not exist")
                 if not self.kubeconfig and not os.environ.get("KUBECONFIG") and not os.path.exists(path):
                     raise FatalDiscoveryError(f"{self.label}: no Kubernetes credentials: not in a pod "
                                               f"(KUBERNETES_SERVICE_HOST unset) and no kubeconfig at {path}; "
@@ -366,6 +371,9 @@ class KubernetesPods(CloudGroupProvider):
                                        f"(401 Unauthorized): {message}")
         if status in (400, 422):
             return FatalDiscoveryError(f"{self.label}: the API server refused the {what} query: {message}")
+        if status == 410:  # a list's continue token expired (etcd compacted): a new list starts over, as a watch's does
+            return RetryableDiscoveryError(f"{self.label}: listing {what}: HTTP 410 {message} (the list is started "
+                                           "over)")
         asked = retry_after(exc)
         if asked is not None:  # the client's urllib3 no longer sleeps it (retries=0, see _connect): we wait here
             error = RetryableDiscoveryError(f"{self.label}: listing {what}: HTTP {status} {message} (throttled: the "
@@ -414,6 +422,13 @@ class KubernetesPods(CloudGroupProvider):
         if isinstance(exc, sdk["client"].ApiException) and status is not None:
             return error_for_status(status, f"{self.label}: HTTP {status} {_message(exc)}")
         return None
+
+    def find_limit_s(self, timeout_s: float) -> float:
+        """The first find() lists pods, then nodes, each within ``LIST_TIMEOUTS`` x ``-o timeout_s`` (60 s at the
+        default), so the driver waits for both (a review's cluster of 1,600 nodes on a slow API server listed in
+        32 s, past the 30 s of --discovery-timeout: "gave no answer" at start while the list went on). Later ones
+        read the watches' cache at once."""
+        return 2 * LIST_TIMEOUTS * self.timeout_s + _LIST_MARGIN_S
 
     def wake_on_news(self, wake: Callable[[], None]) -> None:
         """Wake the driver's poller whenever a watch event changes the snapshot (from the watch threads).

@@ -282,7 +282,35 @@ def test_bad_namespace_taint_and_credentials_are_one_line(kubernetes, tmp_path):
     missing = provider("kubernetes", {**kubernetes_options(kubernetes, "ns"), "kubeconfig": str(tmp_path / "none")})
     with pytest.raises(FatalDiscoveryError) as err:
         missing.find()
-    assert "cannot load" in str(err.value) and "\n" not in str(err.value)
+    # Review h30: "cannot load ...: Invalid kube-config file. No configuration found." of a file that is not there.
+    assert str(err.value) == f"kubernetes pods 'app=llm': the kubeconfig {tmp_path / 'none'} (--kubeconfig) does not exist"
+
+
+def test_a_continue_token_expired_during_the_first_list_is_retried_not_fatal(kubernetes):
+    """Review h30: a 410 (an expired continue token, after an etcd compaction) ended the job at its first list,
+    where the same 410 to a watch relists."""
+    ns = "ns-expired"
+    kubernetes.add_pod("p0", "10.72.0.1", namespace=ns, node="expired-n")
+    kubernetes.fail(rf"^/api/v1/namespaces/{ns}/pods$", 1, 410, {
+        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "code": 410, "reason": "Expired",
+        "message": "The provided continue parameter is too old to display a consistent list result."})
+    discovery = provider("kubernetes", kubernetes_options(kubernetes, ns))
+    try:
+        with pytest.raises(RetryableDiscoveryError, match="listing pods: HTTP 410 The provided continue parameter"):
+            discovery.find()
+        assert dict(discovery.find().ready) == {"10.72.0.1": 1}
+    finally:
+        discovery.close()
+
+
+@pytest.mark.parametrize("timeout_s, waited", [("10", 125.0), ("2", 29.0)])
+def test_the_driver_waits_for_the_first_discoverys_two_lists_not_just_discovery_timeout(kubernetes, timeout_s, waited):
+    """Review h30: the first find() lists pods then nodes, each within 6 x timeout_s, but the driver waited only
+    --discovery-timeout (30 s) for it: a 1,600-node cluster listed in 32 s failed "gave no answer" at start."""
+    from cloud_elastic.providers.multi import call_limit_s
+    discovery = provider("kubernetes", {**kubernetes_options(kubernetes, "ns"), "timeout_s": timeout_s})
+    assert call_limit_s(discovery, 10.0) == waited
+    assert call_limit_s(discovery, 300.0) == 300.0  # never less than --discovery-timeout
 
 
 def test_a_first_discovery_that_fails_halfway_keeps_nothing_and_the_next_one_starts_over(kubernetes, watched):

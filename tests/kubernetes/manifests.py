@@ -422,6 +422,29 @@ def one_pod_per_node(objects, spec: Spec) -> list[str]:
     return ["workers have no required podAntiAffinity on kubernetes.io/hostname that matches their own labels"]
 
 
+@check
+def drains_one_pod_at_a_time(objects, spec: Spec) -> list[str]:
+    """One PodDisruptionBudget over the worker pods, in their namespace: a voluntary disruption (a drain, an upgrade,
+    Karpenter's consolidation) evicts at most one at a time, and never waits on a pod that is not Ready (review h30:
+    several drains at once took every worker together)."""
+    ss, budgets = workers(objects), of_kind(objects, "PodDisruptionBudget")
+    if ss is None or len(budgets) != 1:
+        return [f"expected one PodDisruptionBudget over the workers, found {len(budgets)}"]
+    b, labels = budgets[0], ss["spec"]["template"]["metadata"].get("labels", {})
+    selector, problems = b["spec"].get("selector", {}), []
+    if selector.get("matchExpressions") or not selector.get("matchLabels") or not selector_matches(
+            ",".join(f"{k}={v}" for k, v in selector["matchLabels"].items()), labels):
+        problems.append(f"{kind_name(b)} selects {selector}, not the worker pods {labels}")
+    if b["metadata"].get("namespace") != ss["metadata"].get("namespace"):
+        problems.append(f"{kind_name(b)} is in namespace {b['metadata'].get('namespace')}, not the workers'")
+    if b["spec"].get("maxUnavailable") != 1 or "minAvailable" in b["spec"]:
+        problems.append(f"{kind_name(b)} lets {b['spec'].get('maxUnavailable', b['spec'].get('minAvailable'))!r} "
+                        "go at once (maxUnavailable), not 1")
+    if b["spec"].get("unhealthyPodEvictionPolicy") != "AlwaysAllow":
+        problems.append(f"{kind_name(b)} holds drains up for pods that are not Ready (unhealthyPodEvictionPolicy)")
+    return problems
+
+
 PRIVATE_KEY = re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----|\b(ssh-(ed25519|rsa|dss)|ecdsa-sha2-\S+) AAAA")
 SECRET_NAME = re.compile(r"SECRET|TOKEN|PASSWORD|PASSWD|PRIVATE|CREDENTIAL|API_?KEY", re.I)
 

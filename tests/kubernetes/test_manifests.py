@@ -30,7 +30,7 @@ def test_overlay_validates_against_the_api_schemas(overlay, rendered, kubernetes
     objects = rendered[overlay]
     kinds = sorted({o["kind"] for o in objects})
     assert kinds == ["ClusterRole", "ClusterRoleBinding", "ConfigMap", "Job", "Namespace", "NetworkPolicy",
-                     "Role", "RoleBinding", "Service", "ServiceAccount", "StatefulSet"]
+                     "PodDisruptionBudget", "Role", "RoleBinding", "Service", "ServiceAccount", "StatefulSet"]
     assert schema_problems(objects) == [], f"against Kubernetes {', '.join(KUBERNETES_VERSIONS)}"
 
 

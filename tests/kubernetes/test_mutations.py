@@ -31,7 +31,18 @@ class Mutation:
     check: str | None  # a name in CHECKS, "schema", or None for a change that must break nothing
 
 
+BASE_BUDGET = "base/disruption-budget.yaml"
+
 MUTATIONS = [
+    # voluntary disruptions take one worker pod at a time
+    Mutation("budget-selects-nobody", "gke-spot", BASE_BUDGET, "    matchLabels:\n      app: cloud-elastic-worker",
+             "    matchLabels:\n      app: cloud-elastic-workers", "drains_one_pod_at_a_time"),
+    Mutation("budget-lets-two-go", "eks-karpenter", BASE_BUDGET, "maxUnavailable: 1", "maxUnavailable: 2",
+             "drains_one_pod_at_a_time"),
+    Mutation("budget-holds-unready-pods", "aks-spot", BASE_BUDGET, "unhealthyPodEvictionPolicy: AlwaysAllow",
+             "unhealthyPodEvictionPolicy: IfHealthyBudget", "drains_one_pod_at_a_time"),
+    Mutation("budget-left-out", "kind", "base/kustomization.yaml", "  - disruption-budget.yaml\n", "",
+             "drains_one_pod_at_a_time"),
     # RBAC: exactly list/watch on pods (Role) and nodes (ClusterRole); the driver never reads one object by name
     Mutation("role-may-get-pods", "kind", BASE_RBAC, 'resources: ["pods"]\n    verbs: ["list", "watch"]',
              'resources: ["pods"]\n    verbs: ["get", "list", "watch"]', "rbac_least"),
