@@ -188,10 +188,10 @@ class SilenceWatch:
         self._heard: dict[str, Heard] = {}
         self._reported: tuple[int, int] = (0, 0)  # (round, seq) of the last stall named while all heartbeat
         self._suspects: frozenset[str] = frozenset()  # members past their limit at the last scan, nobody waiting
-        #: The stall whose culprits the fast rule gave up, and every member it blamed: the give-up aborts the round,
-        #: its waiting ranks leave the collective for rendezvous, and there they wait for the others it blamed (two
-        #: hosts frozen at once: the second a hair under its own limit at that scan waited the whole timeout).
-        #: The stall whose silent culprits the fast rule gave up last, their ids, and when (running time).
+        #: The stall whose culprits the fast rule gave up, every member it blamed, and when (running time): the
+        #: give-up aborts the round, its waiting ranks leave the collective for rendezvous, and there they wait for
+        #: the others it blamed (two hosts frozen at once: the second a hair under its own limit at that scan waited
+        #: the whole timeout), and for any member already overdue then (:meth:`_blamed_before`).
         self._blamed: tuple[Stall | None, frozenset[str], float] = (None, frozenset(), 0.0)
         self._given_up: dict[str, WorkerRecord] = {}  # found silent for the whole timeout: a heartbeat now thawed it
         #: ``host:port`` the workers were told to reach the driver at, once it listens (the driver sets it): named
