@@ -37,7 +37,8 @@ class HostStatus:
 
     host: str
     slots: int
-    #: "ready", "draining" or "missing" (gone from discovery, within --host-missing-grace).
+    #: "ready", "noticed" (ready, with a soft notice: no new worker there), "draining" or "missing" (gone from
+    #: discovery, within --host-missing-grace).
     state: str
     workers: tuple[WorkerStatus, ...] = ()
     #: The host source (group) it came from, in a job with several; its price per slot-hour where known.

@@ -351,6 +351,24 @@ def test_a_providers_soft_notice_keeps_new_workers_off_the_host() -> None:
     assert sim.slots_launched() == ["a[0]", "c[0]"]
 
 
+@pytest.mark.parametrize("from_provider", [False, True])
+def test_status_says_a_host_with_a_soft_notice_is_noticed_not_ready(from_provider: bool) -> None:
+    """Review h24: a spare on a host with a soft notice showed under a "ready" host row while it counted as not
+    ready; the host keeps its workers and takes no new one."""
+    from cloud_elastic.config import JobConfig
+    from cloud_elastic.driver.job.status_reply import status_reply
+    sim = started(2, {"a": 1, "b": 1}, max_np=2)
+    if from_provider:
+        sim.job.discovered(DiscoveredHosts(ready={"a": 1, "b": 1}, soft={"b": "rebalance recommendation"}), sim.now)
+    else:
+        sim.job.notice("b", Drain(reason="rebalance recommendation"), sim.now, source="aws-imds", soft=True)
+    sim._collect()
+    reply = status_reply(sim.job, JobConfig(command=("python", "t.py"), num_proc=2, min_np=1, max_np=2),
+                         provider="static", now=sim.now, wall_now=sim.now, uptime_s=1)
+    states = {row.host: (row.state, [w.state for w in row.workers]) for row in reply.hosts}
+    assert states == {"a": ("ready", ["training"]), "b": ("noticed", ["training"])}
+
+
 def test_a_notice_for_rank_0s_host_hands_rank_0_to_the_oldest_survivor() -> None:
     sim = started(3, {"a": 1, "b": 1, "c": 1}, min_np=1)
     sim.commit("a[0]", "b[0]", "c[0]", count=7)

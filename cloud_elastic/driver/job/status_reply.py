@@ -85,8 +85,10 @@ def status_reply(job: ElasticJob, config: JobConfig, *, provider: str, now: floa
                          None if (share := comm_share(w)) is None else round(share, 3))
         )
     hosts = job.hosts
-    rows = [HostStatus(h, n, "ready", tuple(by_host.get(h, ())), hosts.sources.get(h, ""), hosts.prices.get(h),
-                       unlisted.get(h, 0))
+    # A soft notice (a rebalance recommendation, a cordon) keeps new workers off a host that stays: "noticed", not
+    # "ready" (a spare there counts as not ready; review h24).
+    rows = [HostStatus(h, n, "noticed" if h in hosts.soft or h in hosts.provider_soft else "ready",
+                       tuple(by_host.get(h, ())), hosts.sources.get(h, ""), hosts.prices.get(h), unlisted.get(h, 0))
             for h, n in hosts.ready.items()]
     rows += [HostStatus(h, max(hosts.slots_of(h) or 0, held.get(h, 0)), "draining", tuple(by_host.get(h, ())),
                         hosts.sources.get(h, ""), hosts.prices.get(h), unlisted.get(h, 0))
@@ -94,7 +96,7 @@ def status_reply(job: ElasticJob, config: JobConfig, *, provider: str, now: floa
     rows += [HostStatus(h, n, "missing", tuple(by_host.get(h, ())), hosts.sources.get(h, ""), hosts.prices.get(h),
                        unlisted.get(h, 0))
              for h, (n, _) in hosts.missing.items()]
-    rows.sort(key=lambda row: (not (row.workers or row.workers_unlisted), row.state == "ready"))  # stable: discovery's order within each
+    rows.sort(key=lambda row: (not (row.workers or row.workers_unlisted), row.state in ("ready", "noticed")))  # stable: discovery's order within each
     blacklisted = [BlacklistedSlot(s.host, s.index, round(left, 1), failures)
                    for s, left, failures in hosts.blacklist.blocked_slots(now)]
     blacklisted += [BlacklistedSlot(s.host, s.index, 0.0, n, True) for s, n in hosts.blacklist.for_good_slots()]
