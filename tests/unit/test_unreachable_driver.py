@@ -162,3 +162,37 @@ def test_a_script_printing_about_the_driver_is_not_taken_for_the_workers_line() 
     assert said_unreachable(f"cloud-elastic: worker a[0]#1: {LINE}") == LINE
     assert said_unreachable(f"epoch 3: {LINE}") is None
     assert said_unreachable("cloud-elastic: worker a[0]#1 lost contact with the driver") is None
+
+
+def test_a_heartbeat_to_a_driver_that_stopped_answering_is_cut_at_the_end_of_the_grace(clock) -> None:
+    """Review h32: a driver whose node was lost (traffic dropped, nothing refused) held each heartbeat for the
+    whole call timeout (heartbeat timeout + 10 s), so the worker exited up to 15 s past its --driver-grace, training
+    beside a restarted driver's new workers. A call is now cut at the grace's end, never below a heartbeat's hold +
+    1 s; a restarted driver waits that much more."""
+    from cloud_elastic.config import past_grace_s
+    link = _Link(_Refused(clock))
+    link.heartbeat_timeout_s, link.driver_grace_s = 5.0, 60.0
+    last_ok = clock.now
+    assert link._poll_timeout_s(last_ok) == 15.0  # far from the grace's end: as before
+    clock.now = last_ok + 50.0
+    assert link._poll_timeout_s(last_ok) == 10.0  # ends with the grace
+    clock.now = last_ok + 59.0
+    assert link._poll_timeout_s(last_ok) == past_grace_s(5.0) == 2.25  # a held poll (<= 1.25 s) still answers
+    link.driver_grace_s = 0.0  # --driver-grace 0: a live driver's held poll is not cut short
+    assert link._poll_timeout_s(clock.now) == 2.25
+
+
+def test_a_restarted_driver_waits_past_the_grace_for_the_last_heartbeat_too(tmp_path) -> None:
+    """The successor's wait for the old workers covers their last, cut call (past_grace_s) and their last checkpoint."""
+    import time as real_time
+
+    from cloud_elastic.checkpoint.alive import REFRESH_S
+    from cloud_elastic.config import past_grace_s
+    from cloud_elastic.driver.restart import predecessor
+    config = JobConfig(command=("python", "t.py"), num_proc=1, min_np=1, max_np=1, driver_grace_s=40.0,
+                       heartbeat_timeout_s=30.0)
+    alive = SimpleNamespace(alive=real_time.time() - 1.0, grace_s=40.0, pid=7, host="node-a")
+    plan = predecessor._with_wait(predecessor.StartPlan(job_id="j1"), config, None, alive, SimpleNamespace(
+        backend=SimpleNamespace(url=lambda name: f"s3://b/{name}")))
+    assert plan.wait_until == pytest.approx(alive.alive + REFRESH_S + 40.0 + past_grace_s(30.0)
+                                            + predecessor._LAST_CHECKPOINT_S)

@@ -45,7 +45,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
-from cloud_elastic.config import JobConfig
+from cloud_elastic.config import JobConfig, past_grace_s
 from cloud_elastic.driver.restart.finished import say_if_succeeded
 from cloud_elastic.driver.restart.record import RECORD_NAME, AdoptionRecord, find_records, read_record
 from cloud_elastic.driver.restart.stored import list_checkpoints, newer_link, refuse_if_job_gone, resumes
@@ -407,7 +407,8 @@ def _with_wait(plan: StartPlan, config: JobConfig, previous: tuple[int, float, f
     if not lives:
         return replace(plan, grace_s=grace)
     last, who = max(lives)
-    return replace(plan, wait_until=last + grace + _LAST_CHECKPOINT_S, waiting_for=who, grace_s=grace,
+    return replace(plan, wait_until=last + grace + past_grace_s(config.heartbeat_timeout_s) + _LAST_CHECKPOINT_S,
+                   waiting_for=who, grace_s=grace,
                    previous_alive=previous_alive, predecessor_gone=False)
 
 

@@ -36,6 +36,7 @@ from typing import Any, Callable
 
 import torch.distributed as dist
 
+from cloud_elastic.config import past_grace_s
 from cloud_elastic.protocol import AdoptRequest, FlightEntry, PollReply, PollRequest, RankInfo
 from cloud_elastic.protocol_reports import (ExitingReport, StacksReport, driver_retrying, driver_unreachable,
                                             error_line)
@@ -322,7 +323,7 @@ class DriverLinkMixin:
                                 next_plan=self.next_plan, elastic=getattr(self, "elastic_entered", False),
                                 stacks_signal=stacks_signal_armed(), trained=self._trained(),
                                 holds_commit=self.holds_commit).to_wire(),
-                    timeout_s=self.heartbeat_timeout_s + 10,
+                    timeout_s=self._poll_timeout_s(last_ok),
                 ))
                 if reply.reregister:
                     self._reregister(client)
@@ -473,6 +474,13 @@ class DriverLinkMixin:
         host, _, port = self.settings.store_address.rpartition(":")
         self._store = dist.TCPStore(host, int(port), None, False, timeout=timedelta(seconds=self.collective_timeout_s))
         self._store_stale = False
+
+    def _poll_timeout_s(self, last_ok: float) -> float:
+        """A heartbeat's timeout: the heartbeat timeout + 10 s, cut at the end of the grace (counted from the last
+        answer, ``last_ok``), never below :func:`~cloud_elastic.config.past_grace_s`: a driver that stops answering
+        without refusing held the worker a whole call past its grace (review h32)."""
+        left = self.driver_grace_s - (time.monotonic() - last_ok)
+        return min(self.heartbeat_timeout_s + 10, max(left, past_grace_s(self.heartbeat_timeout_s)))
 
     def _grace_exit(self, exc: BaseException) -> None:
         """The driver stayed away past the grace: run the exit hooks (rank 0's last checkpoint), then exit."""
