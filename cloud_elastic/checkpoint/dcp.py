@@ -36,6 +36,7 @@ import hashlib
 import io
 import json
 import os
+import pickle
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping
 
@@ -44,7 +45,7 @@ import torch
 from cloud_elastic.checkpoint.api import CheckpointError, CheckpointMismatch
 from cloud_elastic.checkpoint.dcp_layout import Region, Tensor, check_layout, check_name
 from cloud_elastic.checkpoint.safety import Unusable as _Unusable
-from cloud_elastic.checkpoint.safety import causes, check_archive, one_line, safe_load
+from cloud_elastic.checkpoint.safety import _refusal, causes, check_archive, one_line, safe_load
 
 __all__ = ["METADATA_JSON", "ShardCorrupt", "dcp_reason", "digesting_writer", "load_target", "optimizer_target",
            "safe_load_planner", "saved_groups", "unexpected_items", "verifying_reader"]
@@ -414,6 +415,17 @@ def dcp_reason(exc: BaseException) -> str:
 
     found = [c for c in causes(exc, None) if not isinstance(c, CheckpointException)]
     return one_line(found[0] if found else exc)
+
+
+def refused_item(exc: BaseException) -> str | None:
+    """Why torch's weights-only load refused a tensor item inside DCP's own read (a tampered item whose archive
+    pickles other objects), in one line without torch's advice to load it with ``weights_only=False``; None when no
+    such refusal is among ``exc``'s causes. Such a checkpoint is unusable as one whose other items hold such objects
+    (:func:`~cloud_elastic.checkpoint.safety.safe_load`): an older one may still load (review h33)."""
+    refused = next((c for c in causes(exc, None) if isinstance(c, pickle.UnpicklingError)), None)
+    return None if refused is None else (f"a shard item holds something other than tensors and plain data "
+                                         f"({_refusal(str(refused))}): torch.load(weights_only=True) refused it "
+                                         "without running it")
 
 
 def optimizer_target(name: str, metadata: Any, model: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str, Any]:

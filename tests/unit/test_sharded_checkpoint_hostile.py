@@ -127,12 +127,15 @@ def test_a_pickle_written_over_an_optimizer_item_in_a_shard_never_runs_and_the_p
     assert "does not match the size and SHA-256 digest in its manifest" in warning and "falling back" in warning
 
 
-def test_a_pickle_in_an_item_with_the_manifest_rewritten_to_match_is_refused_by_weights_only(tmp_path, caplog):
+@pytest.mark.parametrize("fqn", ["optimizer.param_groups.0.lr", "model.0.weight"])
+def test_a_pickle_in_an_item_with_the_manifest_rewritten_to_match_is_refused_by_weights_only(tmp_path, caplog, fqn):
     """An attacker who also rewrites manifest.json passes the digests; the item is still read with
-    torch.load(weights_only=True), so it is refused, and the previous checkpoint loads."""
+    torch.load(weights_only=True), so it is refused, and the previous checkpoint loads. A tensor item is read by
+    DCP itself: its refusal stopped the job ("could not load the shards", with torch's advice to load it with
+    weights_only=False) though step 2 was intact (review h33)."""
     at_2, newest, _ = _two_checkpoints(tmp_path)
     marker = tmp_path / "ran"
-    path, offset, length = _item(newest, "optimizer.param_groups.0.lr")
+    path, offset, length = _item(newest, fqn)
     evil = io.BytesIO()
     torch.save(_RunsCode(marker), evil)  # an archive: a bare pickle is refused before it reaches torch.load
     _overwrite(path, offset, _padded(evil.getvalue(), length))

@@ -81,7 +81,7 @@ import torch.distributed as dist
 from cloud_elastic.checkpoint.api import CheckpointError, CheckpointInfo, CheckpointMismatch
 from cloud_elastic.checkpoint.payload import (check_payload, load_state_payload, mismatch_of, stage_payload,
                                               state_payload)
-from cloud_elastic.checkpoint.dcp import ShardCorrupt, dcp_reason, load_target, saved_groups
+from cloud_elastic.checkpoint.dcp import ShardCorrupt, dcp_reason, load_target, refused_item, saved_groups
 from cloud_elastic.checkpoint.optimizer_fit import OPTIMIZER_CLASSES, check_optimizers, optimizer_classes
 from cloud_elastic.checkpoint.safety import Unusable as _Unusable
 from cloud_elastic.checkpoint.safety import causes, one_line, storage_reason
@@ -445,7 +445,7 @@ class ShardedCheckpoints:
             raise
         except (Exception, _DCP_ERROR) as exc:
             state.restore()
-            corrupt, unreadable = reason_of(exc, ShardCorrupt), reason_of(exc, CheckpointError)
+            corrupt, unreadable = reason_of(exc, ShardCorrupt) or refused_item(exc), reason_of(exc, CheckpointError)
             if corrupt is not None:  # DCP hands every worker every worker's failure: all of them fall back
                 raise _Fallback(corrupt) from exc
             if unreadable is not None:
