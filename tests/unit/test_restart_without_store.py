@@ -178,3 +178,34 @@ def test_a_restart_that_forgot_the_dead_drivers_checkpoint_dir_is_told_which_one
     assert plan.waiting_for.endswith(f"without --checkpoint-dir its workers cannot be adopted (it checkpointed to "
                                      f"{ckpt}: stop this one and run it again with --checkpoint-dir {ckpt} to resume "
                                      f"its progress)"), plan.waiting_for
+
+
+@pytest.mark.parametrize("died_s_ago", [2.0, 600.0])  # within the dead workers' grace, and long past it
+def test_a_restart_whose_checkpoint_dir_changed_to_an_empty_one_is_refused_naming_the_dead_drivers(
+        tmp_path, died_s_ago) -> None:
+    """Review h32: the same command run again with --checkpoint-dir mistyped or changed (a ConfigMap edit) waited out
+    the old workers, then trained the job again from initial weights and succeeded, its progress left in the
+    directory the dead driver checkpointed to. Refused now, naming both; removing the record is starting over on
+    purpose."""
+    from cloud_elastic.driver.restart.predecessor import open_store
+    from cloud_elastic.driver.restart.record import write_record
+    from cloud_elastic.errors import ConfigError
+    from cloud_elastic.records import job_dir
+
+    _dead_driver("0ldj0b01", died_s_ago=died_s_ago)
+    theirs = str(tmp_path / "my-job")
+    write_record(job_dir("0ldj0b01"), {
+        "job": "0ldj0b01", "checkpoint_dir": theirs, "advertised": "127.0.0.1", "bind": "127.0.0.1",
+        "control_port": 1, "store_port": 2, "grace_s": 30.0, "seq": 1, "workers": []})
+    config = _config(checkpoint_dir=str(tmp_path / "my-jbo"))
+    with pytest.raises(ConfigError) as refused:
+        plan_start(config, open_store(config), job_id="n3wj0b01")
+    assert str(refused.value).startswith(
+        f"the previous driver of this command (job 0ldj0b01, pid ") and (
+        f"having checkpointed to {theirs}, and {tmp_path / 'my-jbo'} holds nothing: not training the job again from "
+        f"initial weights; run it with --checkpoint-dir {theirs} to resume it, or remove "
+        f"{job_dir('0ldj0b01') / 'adopt.json'} to start a new job here on purpose") in str(refused.value), refused.value
+    assert not (tmp_path / "my-jbo" / "job.json").exists()  # nothing claimed by the refused start
+    (job_dir("0ldj0b01") / "adopt.json").unlink()
+    plan = plan_start(config, open_store(config), job_id="n3wj0b01")
+    assert plan.job_id == "n3wj0b01" and not plan.resumed

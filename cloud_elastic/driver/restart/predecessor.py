@@ -48,7 +48,8 @@ from typing import Any, Callable
 from cloud_elastic.config import JobConfig, past_grace_s
 from cloud_elastic.driver.restart.finished import say_if_succeeded
 from cloud_elastic.driver.restart.record import RECORD_NAME, AdoptionRecord, find_records, read_record
-from cloud_elastic.driver.restart.stored import list_checkpoints, newer_link, refuse_if_job_gone, resumes
+from cloud_elastic.driver.restart.stored import (list_checkpoints, newer_link, refuse_if_job_gone, refuse_if_moved,
+                                                 resumes)
 from cloud_elastic.errors import CheckpointError, ConfigError
 from cloud_elastic.records import driver_running, find_jobs, job_dir, list_jobs, pid_alive, prune_gone, runtime_root
 
@@ -156,6 +157,7 @@ def _plan(config: JobConfig, store: Any, job_id: str) -> StartPlan:
         else:
             refuse_if_job_gone(store)  # a job that ran here, its state and record gone: not trained over again
             _refuse_if_store_lost(config, store)  # the same, known from this machine's record of a dead driver
+            refuse_if_moved(config.command, config.checkpoint_dir, store)  # a dead driver of the command checkpointed elsewhere
     if record is None:
         job_id = adopt.job_id if adopt is not None else job_id
         _claim(store, config, job_id)

@@ -11,6 +11,9 @@ and the signs of a job whose state is gone.
 * :func:`list_checkpoints` also refuses a job whose folders are all gone while ``checkpointed.json`` (the newest
   checkpoint written, :mod:`cloud_elastic.checkpoint.store`) says one was written: moved, deleted or lost by storage,
   starting over would train over them.
+* :func:`refuse_if_moved`: with nothing at all in the store, a dead driver of the same command (this machine's
+  records) that checkpointed elsewhere: a mistyped or changed ``--checkpoint-dir`` would train its job again from
+  initial weights beside its progress, so the start is refused, naming both places.
 * :func:`refuse_if_job_gone`: with neither a job record nor a checkpoint, ``succeeded.json``, ``checkpointed.json``
   or the drivers' claims (:mod:`cloud_elastic.checkpoint.claims`) may still name a job that ran there; a new job would train it again from
   initial weights (and write its own success over the record), so the start is refused, with the remedies.
@@ -133,6 +136,32 @@ def _refuse_if_newest_gone(store: Any, job_id: str, found: list[Any]) -> None:
                       f"{store.url}, which is gone now; the newest there is of step {newest.step}: not going back to "
                       f"it unasked; put that checkpoint folder back, or remove {store.backend.url(_CHECKPOINTED)} to "
                       f"resume from step {newest.step}")
+
+
+def refuse_if_moved(command: Any, checkpoint_dir: str, store: Any) -> None:
+    """ConfigError when a driver of ``command`` (run from this directory) died on this machine having checkpointed
+    to another ``--checkpoint-dir`` than ``checkpoint_dir`` (``store``'s), which holds nothing (the caller looked): its adoption record is
+    still here (a driver that ended removes it; pruned a day past its grace). Starting there trained the job again
+    from initial weights and succeeded, its progress left in the other directory (review h32)."""
+    import os
+
+    from cloud_elastic.driver.restart.record import RECORD_NAME, location, read_record
+    from cloud_elastic.records import find_jobs, job_dir
+
+    for job in find_jobs(command, cwd=os.getcwd()):
+        try:
+            theirs = read_record(job_dir(job.job_id))
+        except ConfigError:  # unreadable: the start goes on as before (the wait for its workers still applies)
+            continue
+        if theirs is None or not theirs.checkpoint_dir or location(theirs.checkpoint_dir) == location(checkpoint_dir) or \
+                (job.alive and job.pid != os.getpid()):  # a live one is refused with its own line; ours: a reused pid
+            continue
+        where = " ".join(theirs.checkpoint_dir[:500].split())
+        raise ConfigError(f"the previous driver of this command (job {job.job_id}, pid {job.pid}) died "
+                          f"{time.time() - job.last_seen:.0f}s ago having checkpointed to {where}, and {store.url} "
+                          f"holds nothing: not training the job again from initial weights; run it with "
+                          f"--checkpoint-dir {where} to resume it, or remove {job_dir(job.job_id) / RECORD_NAME} to "
+                          "start a new job here on purpose")
 
 
 def refuse_if_job_gone(store: Any) -> None:
