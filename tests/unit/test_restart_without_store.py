@@ -209,3 +209,18 @@ def test_a_restart_whose_checkpoint_dir_changed_to_an_empty_one_is_refused_namin
     (job_dir("0ldj0b01") / "adopt.json").unlink()
     plan = plan_start(config, open_store(config), job_id="n3wj0b01")
     assert plan.job_id == "n3wj0b01" and not plan.resumed
+
+
+@pytest.mark.parametrize("label", ["<ray actor>", "<spark task>"])
+def test_ray_and_spark_jobs_of_other_checkpoint_dirs_are_not_the_same_command(tmp_path, label: str) -> None:
+    """Every Ray (or Spark) job's driver records the same stand-in command: a crashed one says nothing of another."""
+    from cloud_elastic.driver.restart.predecessor import open_store
+    from cloud_elastic.driver.restart.record import write_record
+    from cloud_elastic.records import job_dir
+
+    _dead_driver("0ldj0b01", command=(label,))
+    write_record(job_dir("0ldj0b01"), {
+        "job": "0ldj0b01", "checkpoint_dir": str(tmp_path / "one"), "advertised": "127.0.0.1", "bind": "127.0.0.1",
+        "control_port": 1, "store_port": 2, "grace_s": 30.0, "seq": 1, "workers": []})
+    config = _config(command=(label,), checkpoint_dir=str(tmp_path / "another"))
+    assert plan_start(config, open_store(config), job_id="n3wj0b01").job_id == "n3wj0b01"

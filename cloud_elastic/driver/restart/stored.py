@@ -148,6 +148,8 @@ def refuse_if_moved(command: Any, checkpoint_dir: str, store: Any) -> None:
     from cloud_elastic.driver.restart.record import RECORD_NAME, location, read_record
     from cloud_elastic.records import find_jobs, job_dir
 
+    if tuple(command)[:1] in (("<ray actor>",), ("<spark task>",)):
+        return  # one name for every Ray or Spark job: not the same training command
     for job in find_jobs(command, cwd=os.getcwd()):
         try:
             theirs = read_record(job_dir(job.job_id))
