@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from cloud_elastic.errors import ConfigError
 
 __all__ = ["JobConfig", "SSHConfig", "elastic_timeout_default", "ENV_ELASTIC_TIMEOUT", "SSH_OPTION", "NOTICE_WATCHERS",
-           "MAX_DRIVER_GRACE_S", "MAX_DURATION_S", "past_grace_s", "check_seconds", "checkpoint_protocol_error", "ENV_NAME",
+           "MAX_DRIVER_GRACE_S", "MAX_DURATION_S", "past_grace_s", "check_seconds", "checkpoint_protocol_error",
+           "ENV_NAME",
            "MIN_HEARTBEAT_TIMEOUT_S", "MIN_DISCOVERY_INTERVAL_S", "MIN_PROGRESS_TIMEOUT_S"]
 
 #: The longest duration any flag or setting may give (a year). Longer ones are typos, and they break
@@ -29,6 +30,8 @@ MAX_SLOTS_PER_HOST = 1024
 #: The longest ``--driver-grace``: a restarted driver reads it back from ``driver-alive.json`` beside the
 #: checkpoints and refuses a longer one there (``checkpoint/alive.py``), so it is refused here first.
 MAX_DRIVER_GRACE_S = 7 * 86400.0
+
+
 def past_grace_s(heartbeat_timeout_s: float) -> float:
     """How long past the end of its ``--driver-grace`` a worker may still wait on one call to a driver that stopped
     answering without refusing (its node lost, its traffic dropped): a call is cut at the grace's end, but never

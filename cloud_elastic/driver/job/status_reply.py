@@ -96,7 +96,8 @@ def status_reply(job: ElasticJob, config: JobConfig, *, provider: str, now: floa
     rows += [HostStatus(h, n, "missing", tuple(by_host.get(h, ())), hosts.sources.get(h, ""), hosts.prices.get(h),
                        unlisted.get(h, 0))
              for h, (n, _) in hosts.missing.items()]
-    rows.sort(key=lambda row: (not (row.workers or row.workers_unlisted), row.state in ("ready", "noticed")))  # stable: discovery's order within each
+    # Stable: discovery's order within each.
+    rows.sort(key=lambda row: (not (row.workers or row.workers_unlisted), row.state in ("ready", "noticed")))
     blacklisted = [BlacklistedSlot(s.host, s.index, round(left, 1), failures)
                    for s, left, failures in hosts.blacklist.blocked_slots(now)]
     blacklisted += [BlacklistedSlot(s.host, s.index, 0.0, n, True) for s, n in hosts.blacklist.for_good_slots()]

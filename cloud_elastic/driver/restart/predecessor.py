@@ -157,7 +157,7 @@ def _plan(config: JobConfig, store: Any, job_id: str) -> StartPlan:
         else:
             refuse_if_job_gone(store)  # a job that ran here, its state and record gone: not trained over again
             _refuse_if_store_lost(config, store)  # the same, known from this machine's record of a dead driver
-            refuse_if_moved(config.command, config.checkpoint_dir, store)  # a dead driver of the command checkpointed elsewhere
+            refuse_if_moved(config.command, config.checkpoint_dir, store)  # its dead driver checkpointed elsewhere
     if record is None:
         job_id = adopt.job_id if adopt is not None else job_id
         _claim(store, config, job_id)

@@ -140,9 +140,10 @@ def _refuse_if_newest_gone(store: Any, job_id: str, found: list[Any]) -> None:
 
 def refuse_if_moved(command: Any, checkpoint_dir: str, store: Any) -> None:
     """ConfigError when a driver of ``command`` (run from this directory) died on this machine having checkpointed
-    to another ``--checkpoint-dir`` than ``checkpoint_dir`` (``store``'s), which holds nothing (the caller looked): its adoption record is
-    still here (a driver that ended removes it; pruned a day past its grace). Starting there trained the job again
-    from initial weights and succeeded, its progress left in the other directory (review h32)."""
+    to another ``--checkpoint-dir`` than ``checkpoint_dir`` (``store``'s), which holds nothing (the caller looked):
+    its adoption record is still here (a driver that ended removes it; pruned a day past its grace). Starting there
+    trained the job again from initial weights and succeeded, its progress left in the other directory (review
+    h32)."""
     import os
 
     from cloud_elastic.driver.restart.record import RECORD_NAME, location, read_record
@@ -155,8 +156,9 @@ def refuse_if_moved(command: Any, checkpoint_dir: str, store: Any) -> None:
             theirs = read_record(job_dir(job.job_id))
         except ConfigError:  # unreadable: the start goes on as before (the wait for its workers still applies)
             continue
-        if theirs is None or not theirs.checkpoint_dir or location(theirs.checkpoint_dir) == location(checkpoint_dir) or \
-                (job.alive and job.pid != os.getpid()):  # a live one is refused with its own line; ours: a reused pid
+        if theirs is None or not theirs.checkpoint_dir or location(theirs.checkpoint_dir) == location(checkpoint_dir):
+            continue
+        if job.alive and job.pid != os.getpid():  # a live one is refused with its own line; ours: a reused pid
             continue
         where = " ".join(theirs.checkpoint_dir[:500].split())
         raise ConfigError(f"the previous driver of this command (job {job.job_id}, pid {job.pid}) died "
