@@ -46,9 +46,18 @@ class Orphans:
     def __init__(self, attach: Callable[..., Any]) -> None:
         self._attach = attach
         self._threads: list[threading.Thread] = []
+        #: Held while :meth:`stop` reaches workers again, so that :meth:`wait` sees every order it starts: the
+        #: keepalive thread found a dropped connection while the launcher closed, its new connection not yet among
+        #: the orders, and the close hung that connection up before its KILL (the worker ran on for the grace).
+        self._stopping = threading.RLock()  # stop() reaches attach(), whose _track() may call stop() again
 
     def stop(self, ended: Iterable[Any]) -> None:
-        """Of the workers whose ssh ended, reach those :func:`left_running` again and KILL them; never blocks."""
+        """Of the workers whose ssh ended, reach those :func:`left_running` again and KILL them; never blocks on
+        the orders themselves."""
+        with self._stopping:
+            self._stop(ended)
+
+    def _stop(self, ended: Iterable[Any]) -> None:
         for proc in ended:
             if not left_running(proc):
                 continue
@@ -67,9 +76,11 @@ class Orphans:
             self._threads = [t for t in self._threads if t.is_alive()] + [thread]
 
     def wait(self, bound_s: float = CLOSE_WAIT_S) -> None:
-        """Wait for the orders under way, up to ``bound_s`` in all."""
+        """Wait for the orders under way (those a :meth:`stop` running now starts too), up to ``bound_s`` in all."""
         end = time.monotonic() + bound_s
-        for thread in self._threads:
+        if self._stopping.acquire(timeout=bound_s):
+            self._stopping.release()
+        for thread in list(self._threads):
             thread.join(timeout=max(0.0, end - time.monotonic()))
 
 
