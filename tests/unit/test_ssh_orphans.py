@@ -57,3 +57,35 @@ def test_a_close_waits_for_the_kill_a_concurrent_stop_is_still_setting_up() -> N
     orphans.wait(bound_s=10)  # ... as the launcher closes: it must not go on before that KILL is sent
     assert again.killed
     keepalive.join(5)
+
+
+class _Ended:
+    """A new connection that ended before reaching the wrapper: ssh's own error (``transport_error``), or the
+    wrapper's answer that its worker is gone (exit 1, no transport error)."""
+
+    def __init__(self, transport_error: str | None) -> None:
+        self._status = SimpleNamespace(code=255 if transport_error else 1, transport_error=transport_error)
+        self._started = False
+        self.spec = SimpleNamespace(worker_id="w1", host="h")
+
+    def poll(self):
+        return self._status
+
+    def kill(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("first_error, tries", [("ssh to h: host unreachable: connection timed out", 2), (None, 1)])
+def test_a_connection_that_failed_is_tried_again_one_the_wrapper_answered_is_not(first_error, tries) -> None:
+    connections = [_Ended(first_error), _Again(connect_s=0.0)]
+    attached = []
+
+    def attach(spec, nonce, sink):
+        attached.append(nonce)
+        return connections[len(attached) - 1]
+
+    orphans = Orphans(attach)
+    orphans.stop([_dropped()])
+    orphans.wait(bound_s=10)
+    assert attached == ["n"] * tries
+    assert connections[1].killed is (tries == 2)

@@ -6,7 +6,8 @@ sshd restarted, the session's process killed, a NAT entry expired) reads the sam
 given the worker up (an SSH failure, "connection lost"): a review saw such a plain command run 75 s past its job's
 end, and an old worker run beside its replacement on the same slot (on a GPU host, it holds the slot's memory).
 So the launcher reaches the wrapper again (``SSHLauncher.attach``, as a restarted driver does) and orders ``KILL``
-once the new connection has reached the wrapper, within :data:`CONNECT_WAIT_S`; ``close()`` waits for those under
+once the new connection has reached the wrapper, within :data:`CONNECT_WAIT_S` (a connection that fails on its
+way, ssh's ConnectTimeout passed on a loaded machine, is tried again meanwhile); ``close()`` waits for those under
 way, up to :data:`CLOSE_WAIT_S`. A wrapper already gone answers so, and nothing more happens. Best effort: a host
 that cannot be reached again keeps the wrapper's own bound (the grace).
 """
@@ -30,6 +31,8 @@ CONNECT_WAIT_S = 30.0
 #: the close then hangs up every session it still has, one still connecting included (its KILL is never written,
 #: and the worker runs on for the grace). A connection that fails ends its wait sooner (ssh's ConnectTimeout).
 CLOSE_WAIT_S = CONNECT_WAIT_S
+#: The pause before a failed connection to stop an orphan is tried again.
+RETRY_S = 1.0
 
 
 def left_running(proc: Any) -> bool:
@@ -61,8 +64,9 @@ class Orphans:
         for proc in ended:
             if not left_running(proc):
                 continue
+            nonce = str(proc.handle()["nonce"])
             try:
-                again = self._attach(proc.spec, str(proc.handle()["nonce"]), lambda line: None)
+                again = self._attach(proc.spec, nonce, lambda line: None)
             except LaunchError as exc:
                 logger.warning("worker %s on %s: its connection dropped and it cannot be reached again to stop it "
                                "(%s): its host stops it after the driver's grace", proc.spec.worker_id,
@@ -70,7 +74,10 @@ class Orphans:
                 continue
             logger.info("worker %s on %s: its connection dropped while it ran; stopping it through a new one",
                         proc.spec.worker_id, proc.spec.host)
-            thread = threading.Thread(target=_kill_once_connected, args=(again,), daemon=True,
+            def reattach(spec: Any = proc.spec, nonce: str = nonce) -> Any:
+                return self._attach(spec, nonce, lambda line: None)
+
+            thread = threading.Thread(target=_kill_once_connected, args=(again, reattach), daemon=True,
                                       name=f"ssh-orphan-{proc.spec.worker_id}")
             thread.start()
             self._threads = [t for t in self._threads if t.is_alive()] + [thread]
@@ -84,14 +91,28 @@ class Orphans:
             thread.join(timeout=max(0.0, end - time.monotonic()))
 
 
-def _kill_once_connected(again: Any) -> None:
+def _kill_once_connected(again: Any, reattach: Callable[[], Any]) -> None:
     # Once the new connection reached the wrapper (its STARTED line: ``_started``), not once the local ssh runs: a
     # KILL written before that waits in ssh's stdin while the connection sets up, and ``kill`` ends the client after
     # the launcher's ``kill_wait_s`` (1 s), before the order arrived; on a loaded machine a connection took over
-    # 15 s, and the worker ran on for the grace.
+    # 15 s, and the worker ran on for the grace. A connection that failed before reaching the wrapper (ssh's own
+    # error: its ConnectTimeout passed on a loaded machine, a refused connection while the host's sshd restarts) is
+    # tried again until CONNECT_WAIT_S: one failed try left the worker to its grace. A wrapper that answered that
+    # its worker is gone ended the connection without a transport error: nothing more to do.
     deadline = time.monotonic() + CONNECT_WAIT_S
-    while not again._started and again.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
+    while True:
+        while not again._started and again.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        status = again.poll()
+        if again._started or status is None or not status.transport_error or time.monotonic() + RETRY_S >= deadline:
+            break
+        logger.info("worker %s on %s: the connection to stop it failed (%s); trying again", again.spec.worker_id,
+                    again.spec.host, status.transport_error)
+        time.sleep(RETRY_S)
+        try:
+            again = reattach()
+        except LaunchError:  # the launcher closed meanwhile: the wrapper's grace bounds the worker
+            return
     again.kill()  # before its ssh runs, this cancels the set-up instead: nothing reached, nothing to stop
     while again.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
