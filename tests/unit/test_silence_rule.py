@@ -207,6 +207,43 @@ def test_a_member_frozen_inside_the_collective_just_after_another_holds_up_the_r
     assert list(sim.lost) == ["w1", "w2"]
 
 
+def with_gap(wid: str, end: float, flight, gap_at: float, gap_s: float) -> list:
+    """``wid``'s heartbeats every 0.5 s until ``end``, with one healthy gap of ``gap_s`` after its last before
+    ``gap_at``."""
+    before = steady(wid, 0.0, gap_at, flight)
+    return before + steady(wid, before[-1][0] + gap_s, end, flight)
+
+
+@pytest.mark.parametrize("thaws", [True, False])
+def test_a_gap_the_other_workers_showed_lately_is_allowed_a_member_whose_peers_wait(thaws: bool) -> None:
+    """The machine was loaded a moment ago (its workers' gaps reached 1.8 s): a member silent 1.7 s, past its own
+    1.5 s limit, while its peers wait, is not given up (a clean-clone run of the suite gave such a rank 0 up); one
+    that stays silent is, after the others' usual gap, long before the heartbeat timeout."""
+    sim = Sim(members())
+    beats = steady("w1", 0.0, 10.0, BEHIND) + (steady("w1", 11.2, 20.0, BEHIND) if thaws else [])
+    for wid in ("w0", "w2"):
+        beats += with_gap(wid, 10.2, BEHIND, 4.0, 1.8) + steady(wid, 10.2, 20.0, waiting_since(10.1))
+    sim.run(beats, until=20.0)
+    if thaws:
+        assert not sim.lost, sim.lost
+    else:
+        t, what = sim.lost["w1"]
+        assert 9.5 + 1.8 + 0.5 <= t < 9.5 + TIMEOUT and "(its limit 2.3s)" in what, (t, what)
+
+
+def test_one_other_worker_that_paused_long_does_not_slow_the_fast_rule_for_all() -> None:
+    """The usual gap is the others' median: one of four that once paused 3 s leaves a frozen member's bound at its
+    own 1.5 s."""
+    sim = Sim(members(5))
+    beats = steady("w1", 0.0, 10.0, BEHIND)
+    beats += with_gap("w0", 10.2, BEHIND, 4.0, 3.0) + steady("w0", 10.2, 20.0, waiting_since(10.1))
+    for wid in ("w2", "w3", "w4"):
+        beats += steady(wid, 0.0, 10.2, BEHIND) + steady(wid, 10.2, 20.0, waiting_since(10.1))
+    sim.run(beats, until=20.0)
+    t, what = sim.lost["w1"]
+    assert t < 9.5 + FAST_FLOOR_S + 0.6 and "(its limit 1.5s)" in what, (t, what)
+
+
 def test_a_silent_member_nobody_waits_for_is_given_up_only_at_the_heartbeat_timeout() -> None:
     sim = Sim(members())
     beats = steady("w1", 0.0, 10.0, BEHIND)

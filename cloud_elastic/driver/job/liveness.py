@@ -29,7 +29,10 @@ the heartbeat timeout when two independent signs agree:
    :data:`PEAK_MARGIN_S` (a worker once seen silent for 2 s while healthy is
    allowed 2.5 s from then on), nor below the garbage-collector pause it says to
    expect (``pause_s``, see ``worker/link/pauses.py``) plus a heartbeat interval
-   and the margin; none before :data:`WARMUP_ARRIVALS` arrivals;
+   and the margin; none before :data:`WARMUP_ARRIVALS` arrivals; nor below the
+   longest recent gap usual for the job's other workers (the median of theirs,
+   plus the margin): a gap most workers show is the driver's or their machines'
+   load, not this one's hang;
 2. *its peers wait for it*: other members have waited at least
    :data:`WAIT_MIN_S` in a collective that it has not completed (their flight
    records, see :mod:`.stalls`).
@@ -299,6 +302,8 @@ class SilenceWatch:
                 found.append((w, self._never_registered(w, start_timeout)))
             elif w.launched_at + start_timeout < start_due:
                 start_due = w.launched_at + start_timeout
+        if suspects:
+            suspects, silence_due = self._past_the_usual(suspects, running_now, silence_due)
         self._suspects = frozenset(w.worker_id for w, _ in suspects)
         if suspects or long_wait:  # only then is the round's stall worth working out
             members = [w for w in alive if w.round == round_ and w.state in _MEMBER]
@@ -311,6 +316,27 @@ class SilenceWatch:
                 found += self._blamed_before(suspects, running_now, back)
         self._silence_due, self._start_due, self._born = silence_due, start_due, born
         return found
+
+    def _past_the_usual(self, suspects: list[tuple[WorkerRecord, float]], running_now: float,
+                        silence_due: float) -> tuple[list[tuple[WorkerRecord, float]], float]:
+        """The suspects also silent past the gap usual for the job's other workers (the median of their longest
+        recent gaps, plus :data:`PEAK_MARGIN_S`), each with the larger limit; and the scan due time for the others.
+        A gap most workers showed lately is the machine's or the driver's (starved, loaded), not a sign that this
+        one hangs: a clean-clone run of the suite, its machine's load 13 on 2 cores, saw a healthy rank 0 silent
+        1.5 s, its own limit, while its peer waited for it, and gave it up."""
+        ids = {w.worker_id for w, _ in suspects}
+        peaks = sorted(h.peak for k, h in self._heard.items() if k not in ids and h.limit is not None)
+        if not peaks:
+            return suspects, silence_due
+        usual = peaks[(len(peaks) - 1) // 2] + PEAK_MARGIN_S
+        kept = []
+        for w, limit in suspects:
+            at = self._heard[w.worker_id].at
+            if running_now - at > usual:
+                kept.append((w, max(limit, usual)))
+            elif at + usual < silence_due:
+                silence_due = at + usual
+        return kept, silence_due
 
     def _never_registered(self, w: WorkerRecord, start_timeout: float) -> str:
         """Why a worker that never registered is given up, likelier cause first. One that printed a failed call to
